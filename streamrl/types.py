@@ -1,0 +1,187 @@
+"""Plain data types that flow through the streamrl dataflow.
+
+task source --Item--> episode --Trajectory--> sample stream --Batch--> trainer
+
+Everything here is a dataclass of Python scalars and torch tensors: no custom
+serialisation, so trajectories pickle, cross process boundaries and go into Ray
+object stores unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Item:
+    """One task instance yielded by a task source.
+
+    Exactly one of ``prompt`` (plain text) or ``messages`` (chat turns,
+    ``[{"role": ..., "content": ...}]``) is set. ``answer`` is the reference the
+    reward functions grade against. ``index`` is the issue order assigned by the
+    sample stream (-1 until issued).
+    """
+
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    answer: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    index: int = -1
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded.
+
+    ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1.0`` disable
+    those filters. Generation ends at ``max_new_tokens``, at any id in
+    ``stop_token_ids`` (kept in the output), or once the decoded continuation
+    contains any of ``stop`` (the tokens up to and including the one that
+    completed the stop string are kept).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    """A prompt (token ids) plus how to decode it.
+
+    ``seed`` fixes this request's sampling noise independently of how requests
+    are batched, so the same request gives the same tokens whatever else is in
+    flight (needed for the eta=0 bit-exactness invariant).
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int = 0
+
+
+@dataclass
+class GenerationResult:
+    """What the inference engine returns for one request.
+
+    ``logprobs[i]`` is log p(token_ids[i]) under the exact distribution the token
+    was sampled from (after temperature / top-k / top-p); for greedy decoding
+    (temperature 0) it is the log-softmax of the raw logits. ``versions[i]`` is the weight version that produced token i.
+    ``finish_reason`` is one of "stop" (stop string or stop token) or "length".
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+
+
+@dataclass
+class Trajectory:
+    """One scored episode, as flat per-token tensors of length T.
+
+    input_ids:         (T,) long   prompt + generated (+ tool output) tokens
+    loss_mask:         (T,) bool   True only for tokens the policy generated
+    behavior_logprobs: (T,) float  log-prob under the behaviour policy (0 where masked)
+    versions:          (T,) long   weight version that produced each token (-1 where masked)
+    reward:            scalar episode reward (weighted sum of components)
+    group_id:          trajectories sharing a prompt share a group id
+    metadata:          reward components, decoded text, finish reason, ...
+    """
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    behavior_logprobs: torch.Tensor
+    versions: torch.Tensor
+    reward: float
+    group_id: int
+    item_index: int = -1
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.input_ids.shape[0]
+        for name in ("loss_mask", "behavior_logprobs", "versions"):
+            t = getattr(self, name)
+            if t.shape != (n,):
+                raise ValueError(f"Trajectory.{name} has shape {tuple(t.shape)}, expected ({n},)")
+
+    @property
+    def min_version(self) -> int:
+        """Oldest weight version among generated tokens (used for staleness)."""
+        gen = self.versions[self.loss_mask]
+        return int(gen.min()) if gen.numel() else -1
+
+    @property
+    def num_generated(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+@dataclass
+class Batch:
+    """A padded training batch built from N trajectories (right-padded to T).
+
+    input_ids:         (N, T) long
+    attention_mask:    (N, T) bool   True for real tokens
+    loss_mask:         (N, T) bool   True for generated tokens (targets of the loss)
+    behavior_logprobs: (N, T) float
+    versions:          (N, T) long
+    rewards:           (N,)   float
+    group_ids:         (N,)   long
+    advantages:        (N, T) float  filled by the algorithm before train_batch
+    ref_logprobs:      (N, T) float | None  frozen reference model, when KL is on
+    proximal_logprobs: (N, T) float | None  current weights before the update
+                                            (decoupled objective), when enabled
+
+    Position t of every per-token tensor describes token ``input_ids[:, t]``; the
+    train engine shifts logits so that logprobs[:, t] = log p(input_ids[:, t] | < t).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    behavior_logprobs: torch.Tensor
+    versions: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    advantages: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    proximal_logprobs: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def collate(cls, trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
+        n = len(trajectories)
+        if n == 0:
+            raise ValueError("cannot collate an empty list of trajectories")
+        t_max = max(int(t.input_ids.shape[0]) for t in trajectories)
+        input_ids = torch.full((n, t_max), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, t_max), dtype=torch.bool)
+        loss_mask = torch.zeros((n, t_max), dtype=torch.bool)
+        behavior = torch.zeros((n, t_max), dtype=torch.float32)
+        versions = torch.full((n, t_max), -1, dtype=torch.long)
+        for i, tr in enumerate(trajectories):
+            length = int(tr.input_ids.shape[0])
+            input_ids[i, :length] = tr.input_ids
+            attention_mask[i, :length] = True
+            loss_mask[i, :length] = tr.loss_mask
+            behavior[i, :length] = tr.behavior_logprobs
+            versions[i, :length] = tr.versions
+        return cls(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            behavior_logprobs=behavior,
+            versions=versions,
+            rewards=torch.tensor([tr.reward for tr in trajectories], dtype=torch.float32),
+            group_ids=torch.tensor([tr.group_id for tr in trajectories], dtype=torch.long),
+        )
