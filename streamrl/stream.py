@@ -1,0 +1,247 @@
+"""The sample stream: admission control, staleness bound, group assembly, accounting.
+
+Producers (rollout workers) ask for admission before they start a group, then put
+the finished group or report why it was rejected. The consumer (trainer) takes
+fixed-size batches of groups. The unit of admission and accounting is one *item*:
+a prompt rolled out ``group_size`` times.
+
+Staleness bound (eta = ``max_staleness``), B = groups per batch:
+
+* Admission (AReaL's capacity rule). An item may start at engine weight version
+  ``e`` only while ``consumed + outstanding < (e + eta + 1) * B``, where
+  ``outstanding`` counts admitted items not yet consumed or rejected. Hence, for
+  any version u, at most ``(u + eta + 1) * B`` eventually-consumed items are ever
+  admitted at versions <= u.
+* Consumption. The batch for trainer version v must contain every outstanding
+  item admitted at version <= v - eta (the consumer waits for them). By the bound
+  above, and since ``v * B`` items were consumed before, there are at most B of
+  them, so they fit; the rest of the batch is filled oldest-first.
+
+Every generated token of an item has version >= its admission version, so by
+induction no consumed token is more than eta versions older than the trainer.
+eta = 0 admits exactly one batch per version: synchronous on-policy training.
+
+Accounting: each issued item ends exactly once as consumed, filtered (reason) or
+failed (reason); ``close()`` labels whatever is still outstanding as
+``filtered: run_ended``. ``check_accounting`` asserts the books balance.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from streamrl.types import Trajectory
+
+
+class StreamClosed(RuntimeError):
+    """Raised to producers/consumers blocked on a stream that was closed."""
+
+
+@dataclass
+class Group:
+    """The finished trajectories of one item."""
+
+    index: int
+    admit_version: int
+    trajectories: list[Trajectory]
+
+    @property
+    def min_version(self) -> int:
+        versions = [t.min_version for t in self.trajectories if t.num_generated]
+        return min(versions) if versions else self.admit_version
+
+
+@dataclass
+class StreamStats:
+    issued: int = 0
+    consumed: int = 0
+    filtered: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+
+    def as_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {
+            "stream/issued": self.issued,
+            "stream/consumed": self.consumed,
+            "stream/filtered": sum(self.filtered.values()),
+            "stream/failed": sum(self.failed.values()),
+        }
+        out.update({f"stream/filtered/{k}": v for k, v in self.filtered.items()})
+        out.update({f"stream/failed/{k}": v for k, v in self.failed.items()})
+        return out
+
+
+class SampleStream:
+    """Thread-safe stream of item groups between producers and one consumer."""
+
+    def __init__(self, batch_size: int, max_staleness: int, max_inflight: int | None = None):
+        if batch_size < 1 or max_staleness < 0:
+            raise ValueError("batch_size must be >= 1 and max_staleness >= 0")
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.max_inflight = max_inflight
+        self.stats = StreamStats()
+        self._cond = threading.Condition()
+        self._trainer_version = 0
+        self._outstanding: dict[int, int] = {}  # item index -> admit version
+        self._ready: dict[int, Group] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ producers
+
+    def capacity(self, engine_version: int) -> int:
+        """How many more items may start now with weights of ``engine_version``."""
+        with self._cond:
+            return self._capacity(engine_version)
+
+    def _capacity(self, engine_version: int) -> int:
+        limit = (engine_version + self.max_staleness + 1) * self.batch_size
+        free = limit - self.stats.consumed - len(self._outstanding)
+        if self.max_inflight is not None:
+            in_flight = len(self._outstanding) - len(self._ready)
+            free = min(free, self.max_inflight - in_flight)
+        return max(0, free)
+
+    def admit(self, engine_version: int, max_items: int, timeout: float | None = None) -> list[int]:
+        """Reserve up to ``max_items`` item indices to start at ``engine_version``.
+
+        Blocks until at least one is available (or ``timeout`` passes: returns []).
+        The caller must later ``put`` or ``reject`` every returned index.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StreamClosed("stream closed")
+                n = min(max_items, self._capacity(engine_version))
+                if n > 0:
+                    first = self.stats.issued
+                    self.stats.issued += n
+                    for i in range(first, first + n):
+                        self._outstanding[i] = engine_version
+                    return list(range(first, first + n))
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+
+    def put(self, group: Group) -> None:
+        """A finished group, ready to be consumed."""
+        with self._cond:
+            self._check_outstanding(group.index)
+            if group.index in self._ready:
+                raise ValueError(f"item {group.index} was put twice")
+            group.admit_version = self._outstanding[group.index]
+            self._ready[group.index] = group
+            self._cond.notify_all()
+
+    def reject(self, index: int, outcome: str, reason: str) -> None:
+        """An item that will never be consumed: ``outcome`` is 'filtered' or 'failed'."""
+        if outcome not in ("filtered", "failed"):
+            raise ValueError(f"outcome must be 'filtered' or 'failed', got {outcome!r}")
+        with self._cond:
+            self._check_outstanding(index)
+            if index in self._ready:
+                raise ValueError(f"item {index} is already ready; cannot reject it")
+            del self._outstanding[index]
+            getattr(self.stats, outcome)[reason] += 1
+            self._cond.notify_all()
+
+    def _check_outstanding(self, index: int) -> None:
+        if self._closed:  # already accounted as filtered: run_ended
+            raise StreamClosed("stream closed")
+        if index not in self._outstanding:
+            raise ValueError(f"item {index} is not outstanding (never admitted or already done)")
+
+    # ------------------------------------------------------------ consumer
+
+    @property
+    def trainer_version(self) -> int:
+        return self._trainer_version
+
+    def set_trainer_version(self, version: int) -> None:
+        with self._cond:
+            if version < self._trainer_version:
+                raise ValueError("trainer version cannot go backwards")
+            self._trainer_version = version
+            self._cond.notify_all()
+
+    def get_batch(self, timeout: float | None = None) -> list[Group] | None:
+        """Take B groups for the trainer's current version (None on timeout).
+
+        Groups come back sorted by item index, so the batch order does not depend
+        on which episode finished first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        b = self.batch_size
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StreamClosed("stream closed")
+                oldest_allowed = self._trainer_version - self.max_staleness
+                forced = [i for i, v in self._outstanding.items() if v <= oldest_allowed]
+                if len(forced) > b:  # impossible if producers respect capacity()
+                    raise AssertionError(f"{len(forced)} items would exceed the staleness bound")
+                if all(i in self._ready for i in forced) and len(self._ready) >= b:
+                    forced_set = set(forced)
+                    rest = sorted(
+                        (i for i in self._ready if i not in forced_set),
+                        key=lambda i: (self._outstanding[i], i),
+                    )
+                    chosen = sorted(forced + rest[: b - len(forced)])
+                    groups = [self._ready.pop(i) for i in chosen]
+                    for i in chosen:
+                        del self._outstanding[i]
+                    self.stats.consumed += b
+                    self._cond.notify_all()
+                    return groups
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stop the stream; outstanding items are accounted as filtered: run_ended."""
+        with self._cond:
+            if self._closed:
+                return
+            for _ in self._outstanding:
+                self.stats.filtered["run_ended"] += 1
+            self._outstanding.clear()
+            self._ready.clear()
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def outstanding(self) -> int:
+        with self._cond:
+            return len(self._outstanding)
+
+    def check_accounting(self) -> None:
+        """Every issued item is consumed, filtered, failed, or still outstanding."""
+        with self._cond:
+            s = self.stats
+            done = s.consumed + sum(s.filtered.values()) + sum(s.failed.values())
+            if done + len(self._outstanding) != s.issued:
+                raise AssertionError(
+                    f"accounting mismatch: issued={s.issued} consumed={s.consumed} "
+                    f"filtered={dict(s.filtered)} failed={dict(s.failed)} "
+                    f"outstanding={len(self._outstanding)}"
+                )
+
+
+def staleness_metrics(groups: list[Group], trainer_version: int) -> dict[str, float]:
+    """min/mean/max of (trainer version - oldest token version) over a batch."""
+    lags = [trainer_version - g.min_version for g in groups]
+    return {
+        "staleness/min": float(min(lags)),
+        "staleness/mean": sum(lags) / len(lags),
+        "staleness/max": float(max(lags)),
+    }
