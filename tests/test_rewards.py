@@ -1,0 +1,217 @@
+"""Reward functions, their composition, and the guard that isolates failures and hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+import threading
+import time
+
+import pytest
+
+import streamrl.rewards.functions
+import streamrl.rewards.guard
+import streamrl.rewards.registry
+from streamrl.rewards import (
+    ANSWER_TAG_PATTERN,
+    CompositeReward,
+    RewardGuard,
+    exact_match,
+    format_reward,
+    get_reward,
+    math_verify,
+    numeric_match,
+)
+from streamrl.types import Item
+
+ITEM = Item(id="q", prompt="12+34=", answer="46")
+RELEASE = threading.Event()  # hung test rewards wait on this; set at the end of each test
+
+
+@pytest.fixture(autouse=True)
+def _release_hung_threads():
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+def hang(completion: str, item: Item) -> float:
+    """A reward that never returns (until the test releases it)."""
+    RELEASE.wait()
+    return 0.0
+
+
+def boom(completion: str, item: Item) -> float:
+    raise ValueError(f"cannot grade {completion!r}")
+
+
+@pytest.mark.parametrize(
+    "module", [streamrl.rewards.functions, streamrl.rewards.registry, streamrl.rewards.guard]
+)
+def test_doctests(module: object) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_exact_and_numeric_match() -> None:
+    assert exact_match("  46\n", ITEM) == 1.0
+    assert exact_match("46.", ITEM) == 0.0
+    assert exact_match("the  CAPITAL", Item(id="c", prompt="?", answer="The capital")) == 1.0
+    assert numeric_match("First 12, then 46", ITEM) == 1.0
+    assert numeric_match("46 then 12", ITEM) == 0.0
+    assert numeric_match("1,234", Item(id="x", prompt="?", answer="1234")) == 1.0
+    assert numeric_match("= -4", Item(id="x", prompt="?", answer="-4")) == 1.0
+    assert numeric_match("0.3333", Item(id="x", prompt="?", answer="0.33333"), tol=1e-3) == 1.0
+    with pytest.raises(ValueError, match="not a number"):
+        numeric_match("46", Item(id="x", prompt="?", answer="Paris"))
+    with pytest.raises(ValueError, match="no reference answer"):
+        exact_match("46", Item(id="x", prompt="?"))
+
+
+def test_math_verify_in_a_worker_thread() -> None:
+    item = Item(id="m", prompt="?", answer="\\frac{1}{2}")
+    results: list[float] = []
+    t = threading.Thread(target=lambda: results.extend([math_verify("$0.5$", item)]))
+    t.start()
+    t.join()
+    assert results == [1.0]  # no "signal only works in main thread" error
+    assert math_verify("The answer is \\boxed{46}.", ITEM) == 1.0
+    assert math_verify("it is 45", ITEM) == 0.0
+
+
+def test_format_reward() -> None:
+    assert format_reward("-12", ITEM) == 1.0
+    assert format_reward("12 apples", ITEM) == 0.0
+    assert format_reward("hmm <answer>46</answer>", ITEM, pattern=ANSWER_TAG_PATTERN) == 1.0
+    assert format_reward("46", ITEM, pattern=ANSWER_TAG_PATTERN) == 0.0
+    tagged = get_reward("format_reward", pattern=ANSWER_TAG_PATTERN)
+    assert tagged("<answer>x</answer>", ITEM) == 1.0
+    with pytest.raises(ValueError, match="unknown reward 'nope'; known: exact_match"):
+        get_reward("nope")
+
+
+def test_composite_weights_and_components() -> None:
+    reward = CompositeReward(
+        [
+            ("numeric_match", 1.0),
+            ("format_reward", 0.5),
+            (exact_match, 2.0),
+            ("format_reward", 1.0),
+        ],
+        timeout_s=5.0,
+    )
+    try:
+        result = reward("46", ITEM)
+        assert result.ok and result.total == 1.0 + 0.5 + 2.0 + 1.0
+        assert list(result.components) == [
+            "numeric_match",
+            "format_reward",
+            "exact_match",
+            "format_reward#2",
+        ]
+        result = reward("so 46", ITEM)
+        assert result.total == 1.0
+        assert result.components == {
+            "numeric_match": 1.0,
+            "format_reward": 0.0,
+            "exact_match": 0.0,
+            "format_reward#2": 0.0,
+        }
+    finally:
+        reward.close()
+
+
+def test_raising_reward_is_recorded() -> None:
+    reward = CompositeReward([("numeric_match", 1.0), (boom, 1.0)], timeout_s=5.0)
+    result = reward("46", ITEM)
+    assert result.total is None and not result.ok
+    assert result.components == {"numeric_match": 1.0, "boom": None}
+    assert result.errors["boom"].startswith("ValueError: cannot grade '46' (test_rewards.py:")
+    zero = CompositeReward([("numeric_match", 1.0), (boom, 1.0)], timeout_s=5.0, on_error="zero")
+    result = zero("46", ITEM)
+    assert result.total == 1.0 and "boom" in result.errors
+    reward.close()
+    zero.close()
+
+
+def test_bad_return_values_are_recorded() -> None:
+    with RewardGuard(1.0) as guard:
+        assert (
+            guard.call(lambda c, i: float("nan"), "x", ITEM).error
+            == "ValueError: reward returned nan"
+        )
+        assert guard.call(lambda c, i: None, "x", ITEM).error.startswith(
+            "TypeError: reward returned"
+        )
+        assert guard.call(lambda c, i: True, "x", ITEM).value == 1.0
+
+
+def test_hanging_reward_times_out_promptly() -> None:
+    reward = CompositeReward([("numeric_match", 1.0), (hang, 1.0)], timeout_s=0.3)
+    start = time.monotonic()
+    result = reward("46", ITEM)
+    assert time.monotonic() - start < 2.0
+    assert result.total is None and result.errors == {"hang": "timeout after 0.3s"}
+    assert result.components == {"numeric_match": 1.0, "hang": None}
+    # the pool replaced the hung worker: normal calls still work
+    assert reward.guard.call(numeric_match, "46", ITEM).value == 1.0
+    assert reward.guard.stats()["timeouts"] == 1
+    reward.close()
+
+
+def test_async_variant_does_not_block_the_loop() -> None:
+    reward = CompositeReward([(hang, 1.0)], timeout_s=0.3)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    async def main() -> list:
+        task = asyncio.create_task(ticker())
+        results = await asyncio.gather(*(reward.ascore("x", ITEM) for _ in range(3)))
+        task.cancel()
+        return results
+
+    start = time.monotonic()
+    results = asyncio.run(main())
+    assert time.monotonic() - start < 2.0 and ticks >= 5
+    assert all(r.errors == {"hang": "timeout after 0.3s"} for r in results)
+    reward.close()
+
+
+def test_threads_stay_bounded() -> None:
+    before = threading.active_count()
+    guard = RewardGuard(0.2, max_workers=2, max_hung=2)
+    futures = [guard.submit(numeric_match, "46", ITEM) for _ in range(300)]
+    assert all(guard.outcome(f).value == 1.0 for f in futures)
+    assert threading.active_count() <= before + 2 + 1  # workers + watchdog
+    start = time.monotonic()
+    outcomes = [guard.call(hang, "x", ITEM) for _ in range(6)]
+    assert time.monotonic() - start < 6 * 0.2 + 2.0
+    assert threading.active_count() <= before + 2 + 2 + 1  # + at most max_hung abandoned
+    assert [o.error for o in outcomes[:4]] == ["timeout after 0.2s"] * 4
+    # Every worker is hung and none may be added: calls fail at once instead of queueing.
+    assert outcomes[-1].error.startswith("no reward worker available")
+    RELEASE.set()  # the hung calls return; their threads exit and the pool recovers
+    deadline = time.monotonic() + 2.0
+    while guard.stats()["hung_workers"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert guard.call(numeric_match, "46", ITEM).value == 1.0
+    guard.close()
+
+
+@pytest.mark.slow
+def test_process_backend_kills_hung_workers() -> None:
+    with RewardGuard(2.0, backend="process", max_workers=1, preload=("json",)) as guard:
+        guard.start()
+        assert guard.call(numeric_match, "46", ITEM).value == 1.0
+        # (the first call naming a test function also imports this module in the worker)
+        assert guard.call(boom, "x", ITEM).error.startswith("ValueError: cannot grade 'x'")
+        start = time.monotonic()
+        assert guard.call(hang, "x", ITEM).error == "timeout after 2.0s"
+        assert time.monotonic() - start < 5.0
+        assert guard.call(numeric_match, "46", ITEM).value == 1.0  # on a fresh worker
+        assert guard._backend.restarts == 1
