@@ -147,6 +147,20 @@ class RunConfig(_Section):
     tensorboard: bool = Field(True, description="Write TensorBoard events.")
     progress: bool = Field(True, description="Show a live progress bar.")
     save_weights: bool = Field(True, description="Save final weights (safetensors).")
+    wandb: bool = Field(
+        False, description="Also log to Weights & Biases (needs `pip install 'streamrl[wandb]'`)."
+    )
+    wandb_project: str = Field("streamrl", description="W&B project.")
+    wandb_mode: Literal["online", "offline", "disabled"] = Field(
+        "offline", description="W&B mode; offline runs are uploaded later with `wandb sync`."
+    )
+    mlflow: bool = Field(
+        False, description="Also log to MLflow (needs `pip install 'streamrl[mlflow]'`)."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI (default: a file store in RUN_DIR/mlruns)."
+    )
+    mlflow_experiment: str = Field("streamrl", description="MLflow experiment name.")
 
 
 class Config(_Section):
@@ -293,3 +307,29 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def config_reference() -> str:
+    """A Markdown table of every config key, its type, default and help text."""
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+    top = Config.model_fields
+    for name, field in top.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, _Section):
+            for sub, f in section.model_fields.items():
+                rows.append(_reference_row(f"{name}.{sub}", f))
+        else:
+            rows.append(_reference_row(name, field))
+    return "\n".join(rows)
+
+
+def _reference_row(key: str, field: Any) -> str:
+    annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
+    annotation = annotation.replace("typing.", "").replace("|", "\\|")
+    default = field.default_factory() if field.default_factory else field.default
+    if isinstance(default, BaseModel):
+        default = default.model_dump(mode="json")
+    if isinstance(default, list):
+        default = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in default]
+    shown = str(default).replace("|", "\\|")
+    return f"| `{key}` | {annotation} | `{shown}` | {field.description or ''} |"

@@ -108,6 +108,13 @@ class TrainEngine:
         )
         self.global_step = 0  # optimizer steps taken
 
+    def reset_optimizer(self, lr: float) -> None:
+        """A fresh AdamW (same hyper-parameters, new ``lr``), e.g. between SFT and RL."""
+        defaults = self.optimizer.defaults
+        self.optimizer = torch.optim.AdamW(
+            self.trainable, lr=lr, betas=defaults["betas"], weight_decay=defaults["weight_decay"]
+        )
+
     @classmethod
     def from_lora(
         cls,

@@ -456,6 +456,8 @@ class RewardGuard:
         if not done:
             wrapped.cancel()
             return self._record(self._queue_timeout(future))
+        if not wrapped.cancelled():
+            wrapped.exception()  # mark it retrieved: the outcome below reports it
         return self.outcome(future)  # already resolved: returns at once
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Outcome:

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install from nothing, lint, and run the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+ruff check .
+ruff format --check .
+python -m pytest -q "$@"

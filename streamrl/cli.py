@@ -1,0 +1,198 @@
+"""Command line: ``streamrl train | eval | compare | sweep``.
+
+streamrl train [CONFIG.yaml] [key=value ...]
+streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
+streamrl compare RUN_DIRS... --metric NAME [--out DIR]
+streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from streamrl.config import ConfigError, load_config
+
+
+class Progress:
+    """Live progress bar: stage, step, reward, accuracy, tokens/s, staleness."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, stage: str, step: int, total: int, m: dict) -> None:
+        if stage == "sft":
+            info = f"loss {m.get('loss', float('nan')):.3f}"
+        else:
+            info = (
+                f"reward {m.get('reward_mean', 0):.3f}  acc {m.get('accuracy', 0):.3f}  "
+                f"tok/s {m.get('tokens_per_s', 0):.0f}  "
+                f"staleness {m.get('staleness/mean', 0):.2f} (max {m.get('staleness/max', 0):.0f})"
+            )
+            if "eval/accuracy" in m:
+                info += f"  eval {m['eval/accuracy']:.3f}"
+        if self._bar is None:
+            if step == total or step % max(1, total // 10) == 0:
+                print(f"[{stage}] step {step}/{total}  {info}", file=sys.stderr, flush=True)
+            return
+        if stage not in self._tasks:
+            self._tasks[stage] = self._bar.add_task(stage.upper(), total=total, info="")
+        self._bar.update(self._tasks[stage], completed=step, info=info)
+
+
+def split_config_arg(args: argparse.Namespace) -> None:
+    """``streamrl train key=value ...`` (no config file): the first word is an override."""
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    split_config_arg(args)
+    cfg = load_config(args.config, args.overrides)
+    from streamrl.controller import train
+
+    os.environ["STREAMRL_ARGV"] = " ".join(sys.argv)
+    with Progress(cfg.run.progress) as progress:
+        result = train(cfg, progress=progress)
+    s = result.summary
+    print(f"run directory: {result.run_dir}")
+    print(
+        f"held-out greedy accuracy: before RL {s['eval_accuracy_before']:.3f} -> "
+        f"after RL {s['eval_accuracy_after']:.3f}  "
+        f"(wall time {s['wall_time_s']:.0f}s, RL {s['rl_time_s']:.0f}s)"
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from streamrl.eval.cli import run_eval_command
+
+    return run_eval_command(args)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from streamrl.eval.compare import run_compare
+
+    return run_compare(args.runs, args.metric, args.out, fmt=args.format)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from streamrl.eval.run_plot import plot_run
+
+    print(plot_run(args.run_dir, args.out))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from streamrl.sweep import run_sweep
+
+    split_config_arg(args)
+    # `--seeds 0 1 k=v` also swallows the overrides after it: give them back
+    seeds, overrides = [], list(args.overrides)
+    for word in args.seeds:
+        if "=" in word:
+            overrides.append(word)
+        elif word.lstrip("-").isdigit():
+            seeds.append(int(word))
+        else:
+            raise ValueError(f"--seeds: {word!r} is not an integer seed (nor a key=value)")
+    if not seeds:
+        raise ValueError("--seeds: give at least one seed, e.g. --seeds 0 1 2")
+    return run_sweep(args.config, seeds, overrides, parallel=args.parallel)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from streamrl.config import config_reference, save_config
+
+    if args.reference:
+        print(config_reference())
+        return 0
+    split_config_arg(args)
+    save_config(load_config(args.config, args.overrides), "/dev/stdout")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamrl", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="SFT warm-start + asynchronous RL, writes a run directory")
+    t.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=10")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="held-out accuracy, pass@k and avg@k of a run or model")
+    e.add_argument("target", help="a run directory (uses its config and model/) or a model")
+    e.add_argument("--config", help="config for the task/rewards (default: the run's)")
+    e.add_argument("--n", type=int, default=1, help="samples per item (pass@k needs n >= k)")
+    e.add_argument("--k", type=int, nargs="+", default=[1], help="k values for pass@k")
+    e.add_argument("--temperature", type=float, default=None, help="default: 0 if n=1 else 1")
+    e.add_argument("--split", default="heldout", help="'heldout' (default) or a prompt file")
+    e.add_argument("--out", help="JSON output path (default: RUN_DIR/eval.json or ./eval.json)")
+    e.add_argument("overrides", nargs="*", help="dotted config overrides")
+    e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", help="statistically compare groups of runs (rliable, AdaStop)")
+    c.add_argument("runs", nargs="+", help="run directories, or parents of run directories")
+    c.add_argument("--metric", default="eval_accuracy_after", help="summary or metrics key")
+    c.add_argument("--out", help="directory for comparison.md and plots")
+    c.add_argument("--format", choices=["table", "markdown", "json"], default="table")
+    c.set_defaults(func=cmd_compare)
+
+    sw = sub.add_parser("sweep", help="one config over several seeds (then `streamrl compare`)")
+    sw.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    sw.add_argument("overrides", nargs="*", help="dotted overrides shared by every seed")
+    sw.add_argument("--seeds", nargs="+", required=True, help="seeds to run, e.g. 0 1 2 3 4")
+    sw.add_argument("--parallel", type=int, default=1, help="run N seeds at a time as subprocesses")
+    sw.set_defaults(func=cmd_sweep)
+
+    pl = sub.add_parser("plot", help="PNG of a run's reward, eval accuracy and staleness")
+    pl.add_argument("run_dir")
+    pl.add_argument("--out", help="default: RUN_DIR/curves.png")
+    pl.set_defaults(func=cmd_plot)
+
+    cf = sub.add_parser("config", help="print the resolved config, or the reference of all keys")
+    cf.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    cf.add_argument("overrides", nargs="*", help="dotted overrides")
+    cf.add_argument("--reference", action="store_true", help="Markdown table of every key")
+    cf.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        # config, data (DataError names file:line: field) and usage errors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Run directory, metric sinks and the run's provenance (config, versions, machine).
+
+A run directory holds::
+
+    config.yaml        the resolved config
+    environment.json   package versions, git commit, machine, seed
+    metrics.jsonl      one JSON object per logged step
+    tb/                TensorBoard events (tb/<stage>/ for auxiliary stages, e.g. SFT)
+    summary.json       final scalars (eval_accuracy_before/after, ...)
+    run.log            warnings and recorded failures (reward errors, ...)
+    model/             final weights (safetensors) + tokenizer
+    wandb/ wandb_id    the W&B run and its id (run.wandb=true)
+    mlruns/ mlflow_run_id  the MLflow file store and run id (run.mlflow=true)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamrl.sinks import MetricSink
+
+TRACKED_PACKAGES = (
+    "streamrl",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "accelerate",
+    "gguf",
+    "peft",
+    "datasets",
+    "math-verify",
+    "reasoning-gym",
+    "pydantic",
+    "numpy",
+    "ray",
+    "rliable",
+    "adastop",
+    "wandb",
+    "mlflow",
+    "mlflow-skinny",
+)
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in TRACKED_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def git_commit(path: str | Path = ".") -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def make_run_dir(output_dir: str, name: str) -> Path:
+    """A fresh directory ``output_dir/name`` (suffixed -1, -2, ... if taken)."""
+    base = Path(output_dir) / name
+    path, n = base, 0
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to metrics.jsonl and mirrors it to TensorBoard
+    and to any extra sinks (W&B, MLflow: `streamrl.sinks`).
+
+    ``resume=True`` keeps existing lines and ignores steps at or below the last
+    logged one, so a restarted run does not duplicate steps in any sink: TensorBoard
+    purges events past that step (``purge_step``) and the other sinks only ever see
+    new steps. Auxiliary stages (``log_aux``, e.g. SFT) count their steps separately,
+    in ``<stage>_metrics.jsonl`` and their own TensorBoard directory ``tb/<stage>``
+    (a purge there cannot touch the main curves).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        resume: bool = False,
+        sinks: Sequence[MetricSink] = (),
+    ):
+        self.run_dir = run_dir
+        self.path = run_dir / "metrics.jsonl"
+        self.resume = resume
+        self.tensorboard = tensorboard
+        self.sinks = list(sinks)
+        self.last_step = self._open_last_step(self.path)
+        self._file = self.path.open("a")
+        self._tb = self._writer(run_dir / "tb", self.last_step)
+        self._aux: dict[str, Any] = {}  # stage -> (file, TensorBoard writer)
+        self._aux_last: dict[str, int] = {}
+        self._t0 = time.time()
+
+    def _open_last_step(self, path: Path) -> int:
+        """The last step already in ``path`` when resuming (else the file is removed), or -1."""
+        last = -1
+        if self.resume and path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    last = max(last, int(json.loads(line)["step"]))
+        elif path.exists():
+            path.unlink()
+        return last
+
+    def _writer(self, log_dir: Path, last_step: int) -> Any:
+        if not self.tensorboard:
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(log_dir), purge_step=last_step + 1)
+
+    def _write(self, file: Any, tb: Any, step: int, metrics: dict[str, float], prefix: str):
+        row = {"step": step, "wall_time": time.time() - self._t0, **metrics}
+        file.write(json.dumps(row, default=float) + "\n")
+        file.flush()
+        if tb is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)):
+                    tb.add_scalar(f"{prefix}{key}", value, step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if step <= self.last_step:
+            return
+        self._write(self._file, self._tb, step, metrics, "")
+        for sink in self.sinks:
+            sink.log(step, metrics)
+        self.last_step = step
+
+    def log_aux(self, stage: str, step: int, metrics: dict[str, float]) -> None:
+        """Metrics of an auxiliary stage (e.g. SFT) -> ``<stage>_metrics.jsonl`` + TB
+        (tags ``<stage>/<key>``) + sinks (keys ``<stage>/<key>``)."""
+        if stage not in self._aux:
+            path = self.path.parent / f"{stage}_metrics.jsonl"
+            self._aux_last[stage] = self._open_last_step(path)
+            tb = self._writer(self.run_dir / "tb" / stage, self._aux_last[stage])
+            self._aux[stage] = (path.open("a"), tb)
+        if step <= self._aux_last[stage]:
+            return
+        file, tb = self._aux[stage]
+        self._write(file, tb, step, metrics, f"{stage}/")
+        for sink in self.sinks:
+            sink.log(step, metrics, stage=stage)
+        self._aux_last[stage] = step
+
+    def close(self) -> None:
+        for file, tb in self._aux.values():
+            file.close()
+            if tb is not None:
+                tb.close()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        errors = []
+        for sink in self.sinks:  # close every sink even if one fails
+            try:
+                sink.close()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def setup_run_log(run_dir: Path) -> logging.Logger:
+    """The run's log file: warnings and every recorded failure, with error text."""
+    logger = logging.getLogger(f"streamrl.run.{run_dir}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    handler = logging.FileHandler(run_dir / "run.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger
