@@ -48,7 +48,8 @@ class Progress:
             info = f"loss {m.get('loss', float('nan')):.3f}"
         else:
             info = (
-                f"reward {m.get('reward_mean', 0):.3f}  acc {m.get('accuracy', 0):.3f}  "
+                f"reward {m.get('rollout/reward_mean', m.get('reward_mean', 0)):.3f}  "
+                f"batch acc {m.get('accuracy', 0):.3f}  "
                 f"tok/s {m.get('tokens_per_s', 0):.0f}  "
                 f"staleness {m.get('staleness/mean', 0):.2f} (max {m.get('staleness/max', 0):.0f})"
             )
