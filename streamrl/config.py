@@ -138,7 +138,12 @@ class EvalConfig(_Section):
 class RuntimeConfig(_Section):
     backend: Literal["local"] = Field("local", description="Where workers run.")
     device: str = Field("cpu", description="'cpu', 'cuda' or 'auto'.")
-    threads: int | None = Field(None, ge=1, description="torch threads (default: all cores).")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads. Default: all cores for SFT and evaluation; during RL "
+        "with max_staleness >= 1 (generation and training overlap in one process) 1.",
+    )
 
 
 class RunConfig(_Section):

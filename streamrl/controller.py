@@ -65,6 +65,15 @@ def stage(timings: dict[str, float], name: str):
     timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0
 
 
+def set_threads(cfg: Config, overlapping: bool) -> None:
+    """torch intra-op threads. Two Python threads (rollout and trainer) that each
+    use every core oversubscribe the CPU and OpenMP spin-waits make both crawl."""
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
+    else:
+        torch.set_num_threads(1 if overlapping else max(1, os.cpu_count() or 1))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -172,8 +181,7 @@ def make_trainer(cfg: Config, model: torch.nn.Module, lr: float) -> TrainEngine:
 
 def train(cfg: Config, progress: Callable | None = None) -> RunResult:
     # ---------------------------------------------------------------- set-up
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
+    set_threads(cfg, overlapping=False)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.runtime.device)
     # inputs first: a malformed data file fails before anything is written
@@ -271,6 +279,7 @@ def train(cfg: Config, progress: Callable | None = None) -> RunResult:
         logger=log,
     )
     loss_fn = rl_loss_fn(cfg)
+    set_threads(cfg, overlapping=cfg.stream.max_staleness > 0)
     worker.start()
     t_rl = time.time()
     tokens_total = 0
@@ -301,6 +310,7 @@ def train(cfg: Config, progress: Callable | None = None) -> RunResult:
             metrics.update(lag)
             metrics.update(timings)
             metrics.update(stream.stats.as_metrics())
+            metrics.update(worker.pop_reward_stats())
             metrics["accuracy"] = sum(correct) / len(correct)
             metrics["time/step"] = step_time
             metrics["tokens_per_s"] = tokens_total / max(time.time() - t_rl, 1e-9)
@@ -321,6 +331,7 @@ def train(cfg: Config, progress: Callable | None = None) -> RunResult:
     summary["rl_time_s"] = time.time() - t_rl
 
     # ---------------------------------------------------------------- wrap-up
+    set_threads(cfg, overlapping=False)
     summary["eval_accuracy_after"] = run_eval("after RL")
     summary.update(
         {

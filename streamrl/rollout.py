@@ -57,6 +57,10 @@ class RolloutWorker:
         self.max_inflight = max_inflight or 1_000_000
         self.log = logger or logging.getLogger("streamrl.rollout")
         self.error: BaseException | None = None
+        # reward of every scored sample, before any filtering (dynamic sampling
+        # biases the consumed batches towards mixed groups)
+        self._reward_lock = threading.Lock()
+        self._reward_sum, self._reward_n = 0.0, 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -81,6 +85,13 @@ class RolloutWorker:
         except BaseException as e:  # surfaced to the trainer by the controller
             self.error = e
             self.log.error("rollout worker crashed:\n%s", traceback.format_exc())
+
+    def pop_reward_stats(self) -> dict[str, float]:
+        """Mean reward of all samples scored since the last call (filtered ones too)."""
+        with self._reward_lock:
+            total, n = self._reward_sum, self._reward_n
+            self._reward_sum, self._reward_n = 0.0, 0
+        return {"rollout/reward_mean": total / n, "rollout/samples": n} if n else {}
 
     # -------------------------------------------------------------- the loop
 
@@ -145,6 +156,9 @@ class RolloutWorker:
                 self.log.error("reward %r failed on item %s: %s", name, item.id, text)
                 self.stream.reject(index, "failed", f"reward_error:{name}")
                 return
+        with self._reward_lock:
+            self._reward_sum += sum(t.reward for t in trajectories[: self.group_size])
+            self._reward_n += self.group_size
         if self.greedy_baseline:
             baseline = trajectories.pop()
             for t in trajectories:

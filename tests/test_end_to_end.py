@@ -45,18 +45,25 @@ def test_smoke_config_learns_and_writes_run_dir(tmp_path: Path) -> None:
 
     rows = _rows(run_dir)
     rl_rows = [r for r in rows if "reward_mean" in r]
-    for key in ("step", "wall_time", "reward_mean", "time/update", "time/wait_batch"):
+    for key in (
+        "step",
+        "wall_time",
+        "reward_mean",
+        "time/update",
+        "time/wait_batch",
+        "rollout/reward_mean",
+    ):
         assert key in rl_rows[0], key
     assert all(r["staleness/max"] <= 1 for r in rl_rows)  # eta = 1 in smoke.yaml
     assert max(r["staleness/max"] for r in rl_rows) == 1  # and it actually ran async
 
-    # learning happened: training reward rises, and held-out accuracy improves
-    n = len(rl_rows) // 4
-    first = sum(r["reward_mean"] for r in rl_rows[:n]) / n
-    last = sum(r["reward_mean"] for r in rl_rows[-n:]) / n
+    # learning happened: the reward of all rollouts rises, and held-out accuracy improves
+    reward = [r["rollout/reward_mean"] for r in rl_rows if "rollout/reward_mean" in r]
+    n = len(reward) // 4
+    first, last = sum(reward[:n]) / n, sum(reward[-n:]) / n
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert last > first + 0.05, (first, last)
-    assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"]
+    assert last > first + 0.01, (first, last)
+    assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"] + 0.05, summary
     assert summary["stream/consumed"] == 40 * 8
 
     # final weights load and differ from the initial ones

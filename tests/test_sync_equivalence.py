@@ -48,6 +48,7 @@ def _config(tmp_path: Path):
             f"train.steps={STEPS}",
             "train.lr=0.01",
             "stream.max_staleness=0",
+            "runtime.threads=1",
             "algorithm.dynamic_sampling=false",
             "eval.heldout_size=4",
             f"run.output_dir={tmp_path}",

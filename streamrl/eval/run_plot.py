@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from streamrl.eval.plots import _save
 
 PANELS = (
-    ("reward", ("reward_mean", "accuracy"), "training reward / sample accuracy"),
+    ("reward", ("rollout/reward_mean", "reward_mean"), "reward: all rollouts / consumed batch"),
     ("eval", ("eval/accuracy",), "held-out greedy accuracy"),
     ("staleness", ("staleness/mean", "staleness/max"), "staleness (versions)"),
 )

@@ -1,0 +1,128 @@
+"""Logits processing and counter-based sampling (streamrl.engines.sampling)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from streamrl.engines.sampling import counter_uniform, process_logits, sample
+
+
+def _proc(logits, temperature=1.0, top_k=0, top_p=1.0):
+    b = logits.shape[0]
+    return process_logits(
+        logits,
+        torch.full((b,), float(temperature)),
+        torch.full((b,), top_k, dtype=torch.long),
+        torch.full((b,), float(top_p)),
+    )
+
+
+def test_counter_uniform_is_pure_and_uniform():
+    seeds = torch.arange(20_000).tolist()
+    u = counter_uniform(seeds, [3] * len(seeds))
+    assert torch.equal(u, counter_uniform(seeds, [3] * len(seeds)))
+    assert u.dtype == torch.float64 and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.01
+    # each decile holds ~10%: a crude but unflakeable uniformity check (fixed inputs)
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / len(seeds)
+    assert float((hist - 0.1).abs().max()) < 0.01
+    # position matters, and huge / negative seeds are reduced to 64 bits
+    assert not torch.equal(u, counter_uniform(seeds, [4] * len(seeds)))
+    big = counter_uniform([(2**70 + 5) & (2**64 - 1), (-1) & (2**64 - 1)], [0, 0])
+    assert big.shape == (2,)
+
+
+def test_greedy_uses_raw_logsoftmax_and_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 2.0], [3.0, 0.0, 0.5, 0.2]])
+    lp = process_logits(logits, torch.zeros(2), torch.tensor([1, 2]), torch.tensor([0.1, 0.5]))
+    torch.testing.assert_close(lp, torch.log_softmax(logits, -1))  # filters ignored when greedy
+    tokens, tok_lp = sample(
+        lp, torch.tensor([True, True]), torch.tensor([0.99, 0.99], dtype=torch.float64)
+    )
+    assert tokens.tolist() == [1, 0]  # first index on ties
+    torch.testing.assert_close(tok_lp, lp[[0, 1], [1, 0]])
+
+
+def test_temperature_top_k_top_p_masks():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    # temperature scales before the softmax
+    torch.testing.assert_close(_proc(logits, temperature=0.5), torch.log_softmax(logits / 0.5, -1))
+    # top-k keeps the k largest, renormalised
+    lp = _proc(logits, top_k=2)
+    assert torch.isinf(lp[0, 2:]).all()
+    torch.testing.assert_close(lp[0, :2].exp(), torch.tensor([0.4, 0.3]) / 0.7)
+    # top-p: minimal prefix whose mass reaches p (0.4 + 0.3 >= 0.7 -> two tokens)
+    lp = _proc(logits, top_p=0.7)
+    assert torch.isfinite(lp[0, :2]).all() and torch.isinf(lp[0, 2:]).all()
+    lp = _proc(logits, top_p=0.71)
+    assert torch.isfinite(lp[0, :3]).all() and torch.isinf(lp[0, 3])
+    # tiny top-p still keeps the most likely token
+    lp = _proc(logits, top_p=1e-6)
+    assert torch.isfinite(lp[0, 0]) and torch.isinf(lp[0, 1:]).all()
+    # top-k then top-p on the renormalised top-k set: {0.4, 0.3, 0.2}/0.9, p=0.7 -> 0.444 + 0.333
+    lp = _proc(logits, top_k=3, top_p=0.7)
+    assert torch.isfinite(lp[0, :2]).all() and torch.isinf(lp[0, 2:]).all()
+
+
+def test_mixed_rows_are_processed_independently():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 30)
+    lp = process_logits(
+        logits,
+        torch.tensor([0.0, 1.0, 0.7]),
+        torch.tensor([0, 5, 0]),
+        torch.tensor([1.0, 1.0, 0.8]),
+    )
+    torch.testing.assert_close(lp[0], torch.log_softmax(logits[0], -1))
+    torch.testing.assert_close(lp[1], _proc(logits[1:2], top_k=5)[0])
+    torch.testing.assert_close(lp[2], _proc(logits[2:3], temperature=0.7, top_p=0.8)[0])
+
+
+def test_empirical_frequencies_match_processed_distribution():
+    torch.manual_seed(0)
+    n = 20_000
+    logits = torch.randn(1, 12).expand(n, 12)
+    for kwargs in ({"temperature": 0.8}, {"top_k": 4}, {"top_p": 0.6, "temperature": 1.3}):
+        lp = _proc(logits, **kwargs)
+        probs = lp[0].exp()
+        tokens, tok_lp = sample(
+            lp, torch.zeros(n, dtype=torch.bool), counter_uniform(range(n), [0] * n)
+        )
+        freq = torch.bincount(tokens, minlength=12).double() / n
+        # ~6 standard deviations: fixed seeds, so deterministic, and far from flaky anyway
+        assert float((freq - probs.double()).abs().max()) < 6 * math.sqrt(0.25 / n), kwargs
+        assert bool((probs[tokens] > 0).all()), f"masked token emitted with {kwargs}"
+        torch.testing.assert_close(tok_lp, lp[0, tokens])
+
+
+def test_sampling_is_independent_of_batch_composition():
+    torch.manual_seed(1)
+    logits = torch.randn(5, 40)
+    lp = _proc(logits, temperature=1.0)
+    seeds, steps = [11, 12, 13, 14, 15], [0, 3, 9, 1, 2]
+    greedy = torch.zeros(5, dtype=torch.bool)
+    batched, _ = sample(lp, greedy, counter_uniform(seeds, steps))
+    for i in range(5):
+        alone, _ = sample(lp[i : i + 1], greedy[:1], counter_uniform([seeds[i]], [steps[i]]))
+        assert int(alone) == int(batched[i])
+
+
+def test_two_level_cdf_matches_flat_inverse_cdf():
+    torch.manual_seed(2)
+    n, v = 4000, 1000
+    logits = torch.randn(n, v) * 3
+    scores = _proc(logits, top_p=0.9, temperature=0.9)  # many -inf entries
+    u = counter_uniform(range(n), [5] * n)
+    greedy = torch.zeros(n, dtype=torch.bool)
+    blocked, lp = sample(scores, greedy, u, block=7)  # ragged last block
+    flat, _ = sample(scores, greedy, u, block=v)  # one block = plain inverse CDF
+    assert torch.equal(blocked, flat)
+    assert bool(torch.isfinite(scores.gather(1, blocked[:, None])).all())
+    torch.testing.assert_close(lp, scores.gather(1, blocked[:, None]).squeeze(1))
+    # u -> 1 never runs past the last token with positive probability
+    edge, _ = sample(
+        scores[:3], greedy[:3], torch.full((3,), 1 - 2**-53, dtype=torch.float64), block=7
+    )
+    assert bool(torch.isfinite(scores[:3].gather(1, edge[:, None])).all())
