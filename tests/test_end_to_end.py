@@ -137,3 +137,35 @@ def test_malformed_data_row_names_file_and_line(tmp_path: Path, capsys) -> None:
     assert code == 2
     err = capsys.readouterr().err
     assert f"{data}:2: field 'prompt'" in err
+
+
+def test_lora_run_trains_adapters_and_saves_merged_weights(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        [
+            "model.name_or_path=tiny-small",
+            "model.lora_rank=4",
+            "reward.components=[{name: numeric_match}, "
+            "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=3",
+            "train.batch_size=2",
+            "train.steps=2",
+            "train.lr=0.01",
+            "sft.steps=2",
+            "sft.batch_size=8",
+            "eval.heldout_size=4",
+            "runtime.threads=1",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.tensorboard=false",
+        ],
+    )
+    result = train(cfg)
+    assert result.trainer.is_lora
+    saved, _ = load_model_and_tokenizer(str(result.run_dir / "model"))
+    initial, _ = load_model_and_tokenizer("tiny-small", seed=0)
+    base = initial.state_dict()
+    changed = [k for k, v in saved.state_dict().items() if not torch.equal(v, base[k])]
+    # merged adapters move only the attention projections; embeddings stay frozen
+    assert changed and all("self_attn" in k for k in changed), changed
