@@ -133,6 +133,7 @@ def rl_loss_fn(cfg: Config):
         kl_coef=a.kl_coef,
         kl_kind=a.kl_kind,
         entropy_coef=a.entropy_coef,
+        proximal_from_current=a.decoupled and cfg.train.num_minibatches == 1,
     )
 
 
@@ -151,7 +152,9 @@ def rl_step(
     if cfg.algorithm.kl_coef > 0 and ref_model is not None:
         with stage(timings, "ref_logprob"):
             batch.ref_logprobs = trainer.compute_logprobs(batch, model=ref_model)
-    if cfg.algorithm.decoupled:
+    if cfg.algorithm.decoupled and cfg.train.num_minibatches > 1:
+        # several optimizer steps per batch: freeze the proximal policy first
+        # (with one step, the loss takes it from the training forward itself)
         with stage(timings, "logprob"):
             batch.proximal_logprobs = trainer.compute_logprobs(batch)
     with stage(timings, "update"):

@@ -239,3 +239,30 @@ def test_sft_loss_token_mean_nll():
     loss, m = sft_loss({"logprobs": logp}, _batch(loss_mask=mask))
     close(loss, (1 + 2 + 3) / 3)
     assert m["nll"] == 2.0
+
+
+def test_proximal_from_current_equals_separate_proximal_pass() -> None:
+    """With one optimizer step per batch the proximal policy is the current one:
+    taking its logprobs from the training forward gives the same loss and gradient."""
+    torch.manual_seed(0)
+    n, t = 3, 5
+    logits = torch.randn(n, t, requires_grad=True)
+    logprobs = torch.nn.functional.logsigmoid(logits)
+    mask = torch.rand(n, t) > 0.3
+    batch = Batch(
+        input_ids=torch.zeros(n, t, dtype=torch.long),
+        attention_mask=torch.ones(n, t, dtype=torch.bool),
+        loss_mask=mask,
+        behavior_logprobs=logprobs.detach() + 0.1 * torch.randn(n, t),
+        versions=torch.zeros(n, t, dtype=torch.long),
+        rewards=torch.zeros(n),
+        group_ids=torch.zeros(n, dtype=torch.long),
+        advantages=torch.randn(n, t),
+    )
+    implicit = make_rl_loss_fn("ppo_clip", proximal_from_current=True)
+    loss_a, _ = implicit({"logprobs": logprobs}, batch)
+    (grad_a,) = torch.autograd.grad(loss_a, logits, retain_graph=True)
+    batch.proximal_logprobs = logprobs.detach().clone()
+    loss_b, _ = make_rl_loss_fn("ppo_clip")({"logprobs": logprobs}, batch)
+    (grad_b,) = torch.autograd.grad(loss_b, logits)
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)

@@ -361,6 +361,10 @@ class RLLoss:
     kl_coef: float = 0.0
     kl_kind: str = "k3"
     entropy_coef: float = 0.0
+    # When the whole batch is one optimizer step, the weights at the start of the
+    # step are the proximal policy: take its logprobs (detached) from this forward
+    # instead of a separate pass. Only valid for num_minibatches == 1.
+    proximal_from_current: bool = False
 
     def __post_init__(self) -> None:
         fn = get_policy_loss(self.policy_loss)  # fails early on an unknown name
@@ -390,12 +394,15 @@ class RLLoss:
         adv = batch.advantages
         if adv.dim() == 1:
             adv = broadcast_to_tokens(adv, mask)
+        proximal = batch.proximal_logprobs
+        if proximal is None and self.proximal_from_current:
+            proximal = logprobs.detach()
         loss, metrics = get_policy_loss(self.policy_loss)(
             logprobs,
             batch.behavior_logprobs,
             adv,
             mask,
-            proximal_logprobs=batch.proximal_logprobs,
+            proximal_logprobs=proximal,
             params=p,
         )
         metrics["policy_loss"] = loss.item()
@@ -426,6 +433,7 @@ def make_rl_loss_fn(
     kl_coef: float = 0.0,
     kl_kind: str = "k3",
     entropy_coef: float = 0.0,
+    proximal_from_current: bool = False,
 ) -> RLLoss:
     """Compose a registered policy loss with optional KL and entropy terms."""
     return RLLoss(
@@ -434,4 +442,5 @@ def make_rl_loss_fn(
         kl_coef=kl_coef,
         kl_kind=kl_kind,
         entropy_coef=entropy_coef,
+        proximal_from_current=proximal_from_current,
     )
