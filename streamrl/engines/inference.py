@@ -1,0 +1,426 @@
+"""LocalEngine: the built-in inference engine (transformers model, our own decoding).
+
+One scheduler step (:meth:`LocalEngine._step`) is the unit everything hangs on:
+
+1. apply pending weights (from :meth:`update_weights`, any thread), bump ``version``;
+2. admit pending requests (FIFO) into free slots;
+3. one forward pass decodes the next token of every active slot and prefills
+   the newly admitted prompts (whose first token comes from their last prompt
+   position), see :mod:`streamrl.engines.kv_cache`;
+4. sample every row (:mod:`streamrl.engines.sampling`) and record token,
+   behaviour log-prob and weight version; finished sequences release their
+   slot, which the next step's admission refills.
+
+Steps are serialised by a lock and are the only place the model runs, so a
+weight update lands exactly between two tokens: a sequence in flight keeps its
+KV cache and simply continues with the new weights (interruptible generation).
+
+``generate`` drives steps on the calling thread until its requests are done.
+``agenerate`` enqueues and awaits a future; the first call on an event loop
+starts a scheduler task that runs steps on the engine's single worker thread
+(``run_in_executor``) while there is work, so the loop stays free for episodes
+(rewards, tools) during a forward. Requests enqueued before the scheduler's
+first step are admitted in enqueue order, exactly as ``generate`` admits its
+list, hence identical results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
+from streamrl.engines.sampling import counter_uniform, processed_logits, sample
+from streamrl.types import GenerationRequest, GenerationResult
+
+_U64 = (1 << 64) - 1
+
+
+@dataclass
+class EngineStats:
+    """Counters since construction (read them as deltas around a call)."""
+
+    prefill_steps: int = 0  # batched prefill forwards
+    prefill_tokens: int = 0  # prompt tokens computed (excluding reused prefixes)
+    decode_steps: int = 0  # batched decode forwards
+    tokens_generated: int = 0  # tokens returned to callers
+    requests_finished: int = 0
+    slot_refills: int = 0  # admissions into a slot that served an earlier request
+    weight_updates: int = 0
+    prefix_tokens_reused: int = 0  # prompt tokens whose KV was copied from another slot
+    step_seconds: float = 0.0  # wall time inside steps (forward + sampling + bookkeeping)
+
+
+@dataclass
+class _Seq:
+    """A request in flight: where it sits and what it has produced so far."""
+
+    request: GenerationRequest
+    on_done: Callable[[GenerationResult | BaseException], None]
+    slot: int = -1
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    stop_window: int = 0  # tokens to decode when checking stop strings (0 = none)
+
+
+class LocalEngine:
+    """Batched KV-cache inference with continuous batching over ``max_batch_size`` slots.
+
+    model:          a transformers causal LM; Llama-family models take the fast
+                    slot path (see :mod:`streamrl.engines.kv_cache`), others the
+                    per-slot Hugging Face cache fallback.
+    tokenizer:      only needed for ``stop`` strings.
+    max_seq_len:    prompt + generated tokens per sequence; defaults to the model's
+                    ``max_position_embeddings``. KV buffers grow lazily up to it.
+    version:        weight version stamped on tokens until the first update.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any = None,
+        *,
+        max_batch_size: int = 32,
+        max_seq_len: int | None = None,
+        device: str | torch.device = "cpu",
+        version: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = int(
+            max_seq_len or getattr(model.config, "max_position_embeddings", 2048)
+        )
+        self.version = version
+        self.stats = EngineStats()
+        self.fast_path = supports_fast_path(model, self.max_seq_len)
+        if self.fast_path:
+            self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
+                model, max_batch_size, self.max_seq_len
+            )
+        else:
+            self.runner = HFCacheRunner(model, max_batch_size, self.max_seq_len)
+        # hook called at every step boundary (tests, metrics); may call update_weights
+        self.on_step: Callable[[LocalEngine], None] | None = None
+
+        s = max_batch_size
+        self._slots: list[_Seq | None] = [None] * s
+        self._free = list(range(s))  # min-heap: lowest free slot first keeps [0:n] dense
+        self._used = [False] * s
+        self._pending: collections.deque[_Seq] = collections.deque()
+        # per-slot sampling state, written at admission
+        self._next_tok = torch.zeros(s, dtype=torch.long, device=self.device)
+        self._temp = torch.ones(s, dtype=torch.float32, device=self.device)
+        self._top_k = torch.zeros(s, dtype=torch.long, device=self.device)
+        self._top_p = torch.ones(s, dtype=torch.float32, device=self.device)
+        self._seed = np.zeros(s, dtype=np.uint64)
+        self._count = np.zeros(s, dtype=np.uint64)  # tokens generated so far = noise counter
+        self._greedy_cpu = torch.zeros(s, dtype=torch.bool)
+        # True where the sampling distribution is softmax(raw logits) or greedy
+        self._raw = [True] * s
+
+        self._queue_lock = threading.Lock()  # _pending and _pending_weights
+        self._step_lock = threading.Lock()  # one step (and weight load) at a time
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._scheduler: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Generates all requests (continuous batching); results in request order."""
+        results: list[GenerationResult | BaseException | None] = [None] * len(requests)
+        remaining = [len(requests)]
+
+        def setter(i: int) -> Callable[[GenerationResult | BaseException], None]:
+            def on_done(res: GenerationResult | BaseException) -> None:
+                results[i] = res
+                remaining[0] -= 1
+
+            return on_done
+
+        self._enqueue([(r, setter(i)) for i, r in enumerate(requests)])
+        while remaining[0]:
+            self._step()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results  # type: ignore[return-value]
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        """Generates one request, batched with every other concurrent call."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[GenerationResult] = loop.create_future()
+
+        def resolve(res: GenerationResult | BaseException) -> None:
+            if fut.done():  # the awaiting task was cancelled
+                return
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
+
+        def on_done(res: GenerationResult | BaseException) -> None:
+            loop.call_soon_threadsafe(resolve, res)
+
+        self._enqueue([(request, on_done)])
+        if self._scheduler is None or self._scheduler.done():
+            self._scheduler = loop.create_task(self._schedule())
+        return await fut
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Stages new weights; applied at the next step boundary (now, if idle).
+
+        Thread-safe. The tensors are copied into the model when applied, so the
+        caller must not modify them in place until then (pass a snapshot).
+        Sequences in flight keep their KV cache and continue on the new weights.
+        """
+        with self._queue_lock:
+            self._pending_weights = (state_dict, version)
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._apply_pending_weights()
+            finally:
+                self._step_lock.release()
+
+    def pause(self) -> None:
+        """Stops decoding at the next step boundary until :meth:`resume`."""
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    def close(self) -> None:
+        """Stops the async worker thread (the engine stays usable for ``generate``)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    @property
+    def num_active(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ scheduling
+    def _enqueue(self, items: list[tuple[GenerationRequest, Callable[..., None]]]) -> None:
+        seqs = []
+        for req, on_done in items:
+            if not req.prompt_ids:
+                raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
+            if req.params.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer: LocalEngine(model, tokenizer)")
+            window = max((len(s) for s in req.params.stop), default=0)
+            seqs.append(_Seq(req, on_done, stop_window=window + 4 if window else 0))
+        with self._queue_lock:
+            self._pending.extend(seqs)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or any(s is not None for s in self._slots)
+
+    async def _schedule(self) -> None:
+        """Runs steps on the worker thread while any request is pending or active."""
+        loop = asyncio.get_running_loop()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamrl-engine")
+        try:
+            while self._has_work():
+                await loop.run_in_executor(self._executor, self._step)
+        except BaseException as exc:  # e.g. executor closed or loop cancelled: fail, don't hang
+            with self._step_lock:
+                self._fail_all(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            raise
+
+    def _step(self) -> None:
+        """One scheduler step; see the module docstring. Safe to call from any thread."""
+        self._resumed.wait()
+        with self._step_lock, torch.inference_mode():
+            t0 = time.perf_counter()
+            try:
+                if self.on_step is not None:
+                    self.on_step(self)
+                self._apply_pending_weights()
+                self._forward_and_sample()
+            except BaseException as exc:  # fail everything in flight, keep the engine usable
+                self._fail_all(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                self.stats.step_seconds += time.perf_counter() - t0
+
+    def _apply_pending_weights(self) -> None:
+        with self._queue_lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is None:
+            return
+        state_dict, version = pending
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=False)  # in-place copy_
+        self.version = version
+        self.stats.weight_updates += 1
+
+    def _forward_and_sample(self) -> None:
+        """Decodes every active slot and prefills newly admitted requests in one forward."""
+        decoding = [q for q in self._slots if q is not None]  # ascending slot order
+        admitted = self._admit()
+        if not decoding and not admitted:
+            return
+        seqs = decoding + admitted
+        prefills = self._plan_prefills(decoding, admitted)
+        logits = self.runner.step(
+            [q.slot for q in decoding], self._next_tok, prefills
+        )  # (len(seqs), V)
+        self.stats.decode_steps += bool(decoding)
+        if admitted:
+            self.stats.prefill_steps += 1
+            self.stats.prefill_tokens += sum(len(f.prompt) - f.shared for f in prefills)
+            self.stats.prefix_tokens_reused += sum(f.shared for f in prefills)
+        # per-row sampling state gathered by slot (tiny tensors, one index op each)
+        slots = [q.slot for q in seqs]
+        slot_t = torch.tensor(slots, device=self.device)
+        if all(self._raw[s] for s in slots):  # sampling from softmax(logits) or greedy
+            scores = logits
+        else:
+            scores = processed_logits(
+                logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t]
+            )
+        noise = counter_uniform(self._seed[slots], self._count[slots])
+        tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
+        self._next_tok[slot_t] = tokens
+        self._count[slots] += np.uint64(1)
+        for q, tok, lp in zip(seqs, tokens.tolist(), token_lp.tolist(), strict=True):
+            self._record(q, tok, lp)
+
+    def _plan_prefills(self, decoding: list[_Seq], admitted: list[_Seq]) -> list[Prefill]:
+        """Finds, for each new prompt, the slot sharing its longest prefix.
+
+        Candidates are the decoding slots (prompt + generated tokens, except the
+        last one whose KV is written during this very step) and the prompts
+        admitted before it in this step. At least one prompt token is always
+        computed, since its logits give the first sampled token.
+        """
+        if not getattr(self.runner, "shares_prefixes", False):
+            return [Prefill(q.slot, q.request.prompt_ids) for q in admitted]
+        known = [(q.slot, q.request.prompt_ids + q.token_ids[:-1]) for q in decoding]
+        plans = []
+        for q in admitted:
+            prompt = q.request.prompt_ids
+            best, src = 0, -1
+            for slot, toks in known:
+                if toks and toks[0] == prompt[0]:
+                    shared = _common_prefix_len(prompt, toks)
+                    if shared > best:
+                        best, src = shared, slot
+            plans.append(Prefill(q.slot, prompt, src, min(best, len(prompt) - 1)))
+            known.append((q.slot, prompt))
+        return plans
+
+    def _admit(self) -> list[_Seq]:
+        """Moves pending requests (FIFO) into free slots (lowest index first)."""
+        admitted: list[_Seq] = []
+        with self._queue_lock:
+            while self._pending and self._free:
+                seq = self._pending.popleft()
+                if (
+                    len(seq.request.prompt_ids) >= self.max_seq_len
+                    or seq.request.params.max_new_tokens <= 0
+                ):
+                    self._finish(seq, "length")  # no room for a single token
+                    continue
+                seq.slot = heapq.heappop(self._free)
+                admitted.append(seq)
+        for seq in admitted:
+            s, p = seq.slot, seq.request.params
+            self.stats.slot_refills += self._used[s]
+            self._used[s] = True
+            self._slots[s] = seq
+            self._temp[s] = p.temperature
+            self._top_k[s] = p.top_k
+            self._top_p[s] = p.top_p
+            self._seed[s] = seq.request.seed & _U64
+            self._greedy_cpu[s] = p.temperature <= 0
+            self._raw[s] = p.temperature <= 0 or (
+                p.temperature == 1.0 and p.top_k <= 0 and p.top_p >= 1.0
+            )
+            self._count[s] = 0
+        return admitted
+
+    def _record(self, q: _Seq, token: int, logprob: float) -> None:
+        q.token_ids.append(token)
+        q.logprobs.append(logprob)
+        q.versions.append(self.version)
+        self.stats.tokens_generated += 1
+        p = q.request.params
+        if token in p.stop_token_ids or (q.stop_window and self._hit_stop_string(q)):
+            self._release(q, "stop")
+        elif (
+            len(q.token_ids) >= p.max_new_tokens
+            or len(q.request.prompt_ids) + len(q.token_ids) >= self.max_seq_len
+        ):
+            self._release(q, "length")
+
+    def _hit_stop_string(self, q: _Seq) -> bool:
+        """Decodes only the last few tokens: a stop string completed by this token ends in them."""
+        tail = self.tokenizer.decode(q.token_ids[-q.stop_window :])
+        return any(s in tail for s in q.request.params.stop)
+
+    def _release(self, q: _Seq, reason: str) -> None:
+        s = q.slot
+        self.runner.release(s)
+        self._slots[s] = None
+        heapq.heappush(self._free, s)
+        self._finish(q, reason)
+
+    def _finish(self, q: _Seq, reason: str) -> None:
+        self.stats.requests_finished += 1
+        q.on_done(
+            GenerationResult(
+                prompt_ids=list(q.request.prompt_ids),
+                token_ids=q.token_ids,
+                logprobs=q.logprobs,
+                versions=q.versions,
+                finish_reason=reason,
+            )
+        )
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._queue_lock:
+            pending, self._pending = list(self._pending), collections.deque()
+        for q in [q for q in self._slots if q is not None]:
+            self.runner.release(q.slot)
+            self._slots[q.slot] = None
+            heapq.heappush(self._free, q.slot)
+            q.on_done(exc)
+        for q in pending:
+            q.on_done(exc)
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # fast path (C comparison): one is a prefix of the other
+        return n
+    lo, hi = 0, n  # binary search on list-slice equality: O(n log n) in C, not a Python loop
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

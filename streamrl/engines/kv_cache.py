@@ -1,0 +1,392 @@
+"""Slot KV cache and the model runners the inference engine drives.
+
+A *slot* is one row of the decode batch. The engine admits a request into a
+free slot; from then on every step decodes one token for each active slot.
+A finished slot is released and refilled with the next pending request at
+the next step (continuous batching); the other slots keep their KV cache.
+
+One engine step is **one forward pass** over a flat token axis::
+
+    [ decode token of slot 0 .. slot n-1 | prompt of new request a | prompt of b | ... ]
+
+so weights are read once per step whether the step decodes, prefills newly
+admitted prompts, or both (decoding on CPU is bound by reading the weights,
+and a separate prefill forward per refill would cost a whole extra step).
+Linear layers, norms and RoPE see an ordinary ``(1, T)`` sequence; only
+attention needs to know which token belongs to which slot. We register our
+own attention function with transformers (:func:`slot_attention`, an sdpa
+variant) and pass the step's layout through the decoder layers' ``**kwargs``
+(they forward it to the attention function untouched), so the Hugging Face
+modules are used as they are.
+
+Two runners share one interface (``step``, ``release``):
+
+- :class:`LlamaSlotRunner` (fast path, Llama family: Llama, SmolLM2, Mistral,
+  Qwen2, Qwen3) with the preallocated :class:`SlotKVCache`;
+- :class:`HFCacheRunner` (fallback, any causal LM): the model's ordinary
+  forward, batch 1 per slot, each slot with its own Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+# model_type values whose modules follow the Llama layout and calling convention
+LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
+ATTN_IMPL = "streamrl_slots"
+
+
+@dataclass
+class Prefill:
+    """A newly admitted prompt: goes to ``slot``; its first ``shared`` tokens' KV
+    is copied from ``source`` (a slot holding the same prefix) instead of computed."""
+
+    slot: int
+    prompt: list[int]
+    source: int = -1
+    shared: int = 0
+
+
+def slot_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    slot_cache: SlotKVCache | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for engine steps; plain sdpa for any other forward of the model.
+
+    query: (1, H, T, D), key/value: (1, H_kv, T, D) -> output (1, T, H, D).
+    """
+    if slot_cache is None:  # training / reference forwards of the same model object
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    return slot_cache.attend(module.layer_idx, query, key, value, scaling), None
+
+
+AttentionInterface.register(ATTN_IMPL, slot_attention)
+AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+
+
+class SlotKVCache:
+    """Per-layer KV buffers written in place, plus the current step's layout.
+
+    keys[l], values[l]: (S, H_kv, C, D) for S slots and capacity C positions.
+    Decode rows ``[0:n]`` write their new key at each slot's own position and
+    attend over the views ``[:n, :, :kv_len]`` (no gather, no copy) under an
+    additive mask that hides what a slot has not written. A new prompt writes
+    ``[0:P]`` of its slot and attends causally to itself only; if it shares a
+    prefix with a prompt already in another slot (a system prompt, the other
+    samples of a GRPO group, earlier turns of a conversation), the prefix KV is
+    copied from that slot and only the rest of the prompt is computed.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_slots, self.kv_heads, self.head_dim = num_slots, kv_heads, head_dim
+        self.num_layers, self.max_len = num_layers, max_len
+        self.dtype, self.device = dtype, device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.capacity = 0
+        # step layout, set by the runner before each forward
+        self.n = 0
+        self.pos = self.mask = self.flat_idx = None  # (n,), (n, 1, 1, kv_len), (n*H_kv,)
+        # (slot, token offset, prompt length, source slot, shared prefix length)
+        self.prefills: list[tuple[int, int, int, int, int]] = []
+        self.prefix_masks: list[torch.Tensor | None] = []  # (t_new, P) bool, when shared
+
+    def ensure_capacity(self, length: int) -> bool:
+        """Grows the buffers to ``length`` positions (doubling, capped at max_len).
+
+        Growing copies the buffers; it happens O(log max_len) times. Returns True if grown.
+        """
+        if length <= self.capacity:
+            return False
+        new = min(self.max_len, max(length, 2 * self.capacity, 64))
+        shape = (self.num_slots, self.kv_heads, new, self.head_dim)
+        for store in (self.keys, self.values):
+            for i in range(self.num_layers):
+                buf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if i < len(store):
+                    buf[:, :, : self.capacity] = store[i]
+                    store[i] = buf
+                else:
+                    store.append(buf)
+        self.capacity = new
+        return True
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        """q: (1, H, T, D); k, v: (1, H_kv, T, D) for the step's flat tokens -> (1, T, H, D)."""
+        _, h, t, d = q.shape
+        kvh = k.shape[1]
+        kbuf, vbuf = self.keys[layer], self.values[layer]
+        out = q.new_empty((t, h, d))
+        n = self.n
+        if n:
+            # decode writes go first: a slot admitted this step may sit inside [0:n]
+            # as an idle row writing junk at position 0, which its prefill then overwrites.
+            # One index_copy_ per buffer into its (S*H_kv*C, D) view, at the rows
+            # self.flat_idx = (slot, head, pos) computed once per step for all layers.
+            kbuf.view(-1, d).index_copy_(
+                0, self.flat_idx, k[0, :, :n].transpose(0, 1).reshape(-1, d)
+            )
+            vbuf.view(-1, d).index_copy_(
+                0, self.flat_idx, v[0, :, :n].transpose(0, 1).reshape(-1, d)
+            )
+            kv_len = self.mask.shape[-1]
+            # grouped-query: fold the query heads of one kv head into the query axis
+            qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
+            o = F.scaled_dot_product_attention(
+                qd, kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len], attn_mask=self.mask, scale=scale
+            )
+            if not self.prefills:  # pure decode step: no staging buffer needed
+                return o.reshape(1, n, h, d)
+            out[:n] = o.reshape(n, h, d)
+        for (slot, off, p, src, shared), mask in zip(self.prefills, self.prefix_masks, strict=True):
+            t_new = p - shared  # tokens computed this step: prompt[shared:p]
+            ks, vs = k[:, :, off : off + t_new], v[:, :, off : off + t_new]  # (1, H_kv, t_new, D)
+            if shared:  # reuse another slot's KV of the common prefix (same tokens, same positions)
+                kbuf[slot, :, :shared] = kbuf[src, :, :shared]
+                vbuf[slot, :, :shared] = vbuf[src, :, :shared]
+            kbuf[slot, :, shared:p] = ks[0]
+            vbuf[slot, :, shared:p] = vs[0]
+            qs = q[:, :, off : off + t_new]
+            gqa = kvh != h
+            if shared:  # causal, aligned to the end: query i sees keys [0, shared + i]
+                kk, vv = kbuf[slot : slot + 1, :, :p], vbuf[slot : slot + 1, :, :p]
+                o = F.scaled_dot_product_attention(
+                    qs, kk, vv, attn_mask=mask, scale=scale, enable_gqa=gqa
+                )
+            else:
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
+                )
+            out[off : off + t_new] = o[0].transpose(0, 1)  # (t_new, H, D)
+        return out[None]
+
+
+def supports_fast_path(model: torch.nn.Module, max_seq_len: int) -> bool:
+    """True when ``model`` can be driven module by module by :class:`LlamaSlotRunner`."""
+    cfg = model.config
+    inner = getattr(model, "model", None)
+    if cfg.model_type not in LLAMA_FAMILY or inner is None or not hasattr(model, "lm_head"):
+        return False
+    if not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm")):
+        return False
+    # our attention is full causal: sliding-window layers need the fallback
+    # unless the window can never bind
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    uses_window = cfg.model_type == "mistral" or "sliding_attention" in layer_types
+    return not (uses_window and window is not None and window < max_seq_len)
+
+
+class LlamaSlotRunner:
+    """One fused decode+prefill forward per step for Llama-family models.
+
+    Per slot it keeps the KV length ``lens`` (where the next token goes),
+    ``active`` (1 while the slot decodes) and one row of the additive attention
+    mask (0 = visible, dtype-min = hidden), all updated incrementally: a prefill
+    opens ``[0:P]``, each decode step one more position. A free slot has length
+    0 and only position 0 visible, so idle rows inside ``[0:n]`` stay finite
+    (their outputs are never read and they never advance).
+
+    The longest active length is needed on the host to size the key window.
+    Instead of syncing ``lens``, each active slot stores ``base = length -
+    steps`` so its length is ``base + steps`` for the step counter ``steps``.
+    """
+
+    _IDLE = -(1 << 62)
+    shares_prefixes = True
+
+    def __init__(self, model: torch.nn.Module, num_slots: int, max_seq_len: int) -> None:
+        _set_attn_impl(model, ATTN_IMPL)
+        inner, cfg = model.model, model.config
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.layers = list(inner.layers[: cfg.num_hidden_layers])
+        self.lm_head = model.lm_head
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.cache = SlotKVCache(
+            len(self.layers), num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
+        )
+        self.neg = torch.finfo(self.dtype).min
+        self.mask = torch.empty((num_slots, 1, 1, 0), dtype=self.dtype, device=self.device)
+        self.lens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.active = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.slot_ids = torch.arange(num_slots, device=self.device)
+        self.kv_heads, self.heads = kv_heads, torch.arange(kv_heads, device=self.device)
+        self.base = [self._IDLE] * num_slots
+        self.steps = 0
+
+    def _ensure_capacity(self, length: int) -> None:
+        old = self.cache.capacity
+        if self.cache.ensure_capacity(length):
+            mask = torch.full(
+                (self.mask.shape[0], 1, 1, self.cache.capacity),
+                self.neg,
+                dtype=self.dtype,
+                device=self.device,
+            )
+            mask[..., :old] = self.mask
+            if old == 0:
+                mask[..., 0] = 0.0
+            self.mask = mask
+
+    def step(
+        self, decode_slots: list[int], tokens: torch.Tensor, prefills: list[Prefill]
+    ) -> torch.Tensor:
+        """Decodes ``decode_slots`` and prefills ``prefills`` in one forward.
+
+        decode_slots: active slots, ascending; their last token is ``tokens[slot]``
+        tokens:       (S,) long, last sampled token of every slot
+        prefills:     newly admitted requests, in admission order (a prefix source
+                      admitted in the same step comes first)
+        returns:      (len(decode_slots) + len(prefills), V) float32 next-token logits,
+                      decode rows first, then one row per prompt (its last position)
+        """
+        n = decode_slots[-1] + 1 if decode_slots else 0
+        ids, pos, last = self._layout(n, tokens, prefills)
+        h = self.embed(ids)  # (1, T, E)
+        pe = self.rotary(h, pos)  # (cos, sin), each (1, T, D), shared by all layers
+        for layer in self.layers:
+            h = layer(
+                h,
+                attention_mask=None,
+                position_ids=pos,
+                position_embeddings=pe,
+                slot_cache=self.cache,
+            )
+            if isinstance(h, tuple):  # older transformers return (hidden, ...)
+                h = h[0]
+        out_rows = torch.tensor(decode_slots + last, device=self.device)
+        logits = self.lm_head(self.norm(h[0, out_rows])).float()  # head only on sampled rows
+        self._advance(n, prefills)
+        return logits
+
+    def _layout(
+        self, n: int, tokens: torch.Tensor, prefills: list[Prefill]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Sets the cache's step plan; returns flat ids (1, T), positions (1, T) and
+        the flat index of each prompt's last computed token."""
+        kv_len = max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+        self._ensure_capacity(max([kv_len] + [len(f.prompt) + 1 for f in prefills]))
+        c = self.cache
+        c.n, c.prefills, c.prefix_masks = n, [], []
+        ids, pos = [], []
+        if n:
+            c.pos = self.lens[:n]  # (n,) each slot writes its new key at its own length
+            self.mask[self.slot_ids[:n], 0, 0, c.pos] = 0.0  # ... and now sees it
+            # row of (slot, head, pos) in a (S*H_kv*C, D) view of a KV buffer: (n*H_kv,)
+            slot_head = self.slot_ids[:n, None] * self.kv_heads + self.heads  # (n, H_kv)
+            c.flat_idx = (slot_head * self.cache.capacity + c.pos[:, None]).reshape(-1)
+            c.mask = self.mask[:n, :, :, :kv_len]
+            ids.append(tokens[:n])
+            pos.append(c.pos)
+        off, flat_ids, flat_pos, last = n, [], [], []
+        for f in prefills:
+            p, shared = len(f.prompt), f.shared
+            c.prefills.append((f.slot, off, p, f.source, shared))
+            mask = torch.ones((p - shared, p), dtype=torch.bool).tril(shared) if shared else None
+            c.prefix_masks.append(None if mask is None else mask.to(self.device))
+            flat_ids += f.prompt[shared:]
+            flat_pos += range(shared, p)
+            off += p - shared
+            last.append(off - 1)
+        if prefills:
+            ids.append(torch.tensor(flat_ids, dtype=torch.long).to(self.device))
+            pos.append(torch.tensor(flat_pos, dtype=torch.long).to(self.device))
+        return torch.cat(ids)[None], torch.cat(pos)[None], last
+
+    def _advance(self, n: int, prefills: list[Prefill]) -> None:
+        """After the forward: decoding slots grew by one, new slots hold their prompt."""
+        if n:
+            self.lens[:n] += self.active[:n]
+        self.steps += 1
+        if not prefills:
+            return
+        slot_t = torch.tensor([f.slot for f in prefills], device=self.device)
+        lengths = torch.tensor([len(f.prompt) for f in prefills], device=self.device)
+        cap = torch.arange(self.cache.capacity, device=self.device)
+        opened = torch.where(cap[None] < lengths[:, None], 0.0, self.neg).to(self.dtype)
+        self.mask[slot_t] = opened[:, None, None]  # (m, 1, 1, C): [0:P) visible
+        self.lens[slot_t] = lengths
+        self.active[slot_t] = 1
+        for f in prefills:
+            self.base[f.slot] = len(f.prompt) - self.steps
+
+    def release(self, slot: int) -> None:
+        self.lens[slot] = 0
+        self.active[slot] = 0
+        self.base[slot] = self._IDLE
+        self.mask[slot] = self.neg
+        self.mask[slot, ..., 0] = 0.0
+
+
+class HFCacheRunner:
+    """Fallback for any causal LM: ordinary forward, batch 1 per slot, own HF cache each.
+
+    Correct for every architecture (sliding windows, learned positions, ...) at
+    the price of one forward call per sequence per step.
+    """
+
+    def __init__(self, model: torch.nn.Module, num_slots: int, max_seq_len: int) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.caches: list[Any] = [None] * num_slots
+
+    def _run(self, ids: list[int], cache: Any) -> tuple[torch.Tensor, Any]:
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, past_key_values=cache, use_cache=True)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    shares_prefixes = False
+
+    def step(
+        self, decode_slots: list[int], tokens: torch.Tensor, prefills: list[Prefill]
+    ) -> torch.Tensor:
+        """Same contract as :meth:`LlamaSlotRunner.step` (prefix sharing not supported)."""
+        rows = []
+        last = tokens.tolist()
+        for s in decode_slots:
+            logits, self.caches[s] = self._run([last[s]], self.caches[s])
+            rows.append(logits)
+        for f in prefills:
+            logits, self.caches[f.slot] = self._run(f.prompt, None)
+            rows.append(logits)
+        return torch.stack(rows)
+
+    def release(self, slot: int) -> None:
+        self.caches[slot] = None
+
+
+def _set_attn_impl(model: torch.nn.Module, name: str) -> None:
+    try:
+        model.set_attn_implementation(name)
+    except (AttributeError, ValueError, ImportError):
+        model.config._attn_implementation = name
