@@ -1,11 +1,11 @@
 """Command line: ``streamrl train | eval | compare | sweep | plot | config``.
 
-    streamrl train [CONFIG.yaml] [key=value ...]
-    streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
-    streamrl compare RUN_DIRS... --metric NAME [--out DIR]
-    streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
-    streamrl plot RUN_DIR [--out PNG]
-    streamrl config [CONFIG.yaml] [key=value ...] [--reference]
+streamrl train [CONFIG.yaml] [key=value ...]
+streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
+streamrl compare RUN_DIRS... --metric NAME [--out DIR]
+streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
+streamrl plot RUN_DIR [--out PNG]
+streamrl config [CONFIG.yaml] [key=value ...] [--reference]
 """
 
 from __future__ import annotations
