@@ -32,6 +32,8 @@ def test_smoke_config_learns_and_writes_run_dir(tmp_path: Path) -> None:
             str(ROOT / "examples" / "smoke.yaml"),
             f"run.output_dir={tmp_path}",
             "run.progress=false",
+            # one thread: two intra-op threads oversubscribe a loaded 2-core box badly
+            "runtime.threads=1",
         ]
     )
     assert code == 0

@@ -50,9 +50,9 @@ _U64 = (1 << 64) - 1
 class EngineStats:
     """Counters since construction (read them as deltas around a call)."""
 
-    prefill_steps: int = 0  # batched prefill forwards
+    prefill_steps: int = 0  # steps that prefilled newly admitted prompts
     prefill_tokens: int = 0  # prompt tokens computed (excluding reused prefixes)
-    decode_steps: int = 0  # batched decode forwards
+    decode_steps: int = 0  # steps that decoded active slots (one forward per step)
     tokens_generated: int = 0  # tokens returned to callers
     requests_finished: int = 0
     slot_refills: int = 0  # admissions into a slot that served an earlier request
@@ -404,7 +404,8 @@ class LocalEngine:
         with self._queue_lock:
             pending, self._pending = list(self._pending), collections.deque()
         for q in [q for q in self._slots if q is not None]:
-            self.runner.release(q.slot)
+            with torch.inference_mode():  # the slot buffers are inference tensors
+                self.runner.release(q.slot)
             self._slots[q.slot] = None
             heapq.heappush(self._free, q.slot)
             q.on_done(exc)
