@@ -2,10 +2,11 @@
 
 Two pure pieces the inference engine composes once per decode step:
 
-- :func:`process_logits` turns raw next-token logits into the log-probs of the
-  distribution a token is actually drawn from (temperature, then top-k, then
-  top-p; greedy rows keep the raw log-softmax), so the engine can return the
-  exact behaviour log-prob of every sampled token.
+- :func:`processed_logits` applies temperature, then top-k, then top-p (greedy
+  rows keep the raw logits); their softmax is the distribution a token is
+  drawn from, and :func:`process_logits` is its log-softmax, the exact
+  behaviour log-prob the engine returns for every sampled token (also the
+  reference for recomputing it elsewhere).
 - :func:`sample` draws one token per row by inverse-CDF with a single uniform
   per row taken from :func:`counter_uniform`, a counter-based hash of
   ``(request seed, token position)``. The noise depends on nothing else (not
