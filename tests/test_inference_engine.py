@@ -26,15 +26,6 @@ V = 50
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15], [3] * 11, [7, 8]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matmuls: threads only add contention on a shared 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(

@@ -57,15 +57,6 @@ def make_batch(n=5, t_len=10, seed=1):
     )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matmuls on a shared CPU: intra-op threads only contend (1 thread is ~20x faster).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def base_model():
     return tiny_model()
