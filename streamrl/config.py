@@ -75,6 +75,12 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="Top-k filter (0 = off).")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
     max_batch_size: int = Field(64, ge=1, description="Decode slots of the inference engine.")
+    partial_rollouts: bool = Field(
+        True,
+        description="Colocated placement: once a batch is full, pause unfinished sequences and "
+        "continue them after the weight update (tokens keep their versions). False: wait "
+        "until every admitted item has finished before training (nothing is carried over).",
+    )
 
 
 class AlgorithmConfig(_Section):
@@ -136,13 +142,45 @@ class EvalConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    backend: Literal["local"] = Field("local", description="Where workers run.")
-    device: str = Field("cpu", description="'cpu', 'cuda' or 'auto'.")
+    backend: Literal["local", "process", "ray"] = Field(
+        "local",
+        description="Where rollout workers run: 'local' (threads of this process; "
+        "breakpoint() works), 'process' (subprocesses, weights in shared memory) or 'ray' "
+        "(Ray actors for the workers and the trainer; needs streamrl[ray]).",
+    )
+    placement: Literal["colocated", "disaggregated"] = Field(
+        "disaggregated",
+        description="'disaggregated': each rollout worker owns rollout_threads cores and the "
+        "trainer the rest; generation runs while the trainer trains. 'colocated': both "
+        "time-share all cores; generation pauses while the trainer trains.",
+    )
+    num_rollout_workers: int = Field(1, ge=1, description="Rollout workers (each has an engine).")
+    rollout_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads (and pinned cores) per rollout worker. Default: 1 when "
+        "disaggregated, all cores when colocated.",
+    )
     threads: int | None = Field(
         None,
         ge=1,
-        description="torch threads. Default: all cores for SFT and evaluation; during RL "
-        "with max_staleness >= 1 (generation and training overlap in one process) 1.",
+        description="Trainer torch threads. Default: all cores for SFT and evaluation; "
+        "during RL, the cores left by the rollout workers (disaggregated) or all (colocated).",
+    )
+    pin_cpus: bool = Field(
+        True,
+        description="Disaggregated process/ray workers and trainer are pinned to disjoint cores.",
+    )
+    device: str = Field("cpu", description="'cpu', 'cuda' or 'auto'.")
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto', 'HOST:PORT'); default: start a local instance.",
+    )
+    worker_timeout_s: float = Field(
+        60.0, gt=0, description="A rollout worker silent this long is declared lost and replaced."
+    )
+    max_worker_restarts: int = Field(
+        3, ge=0, description="Lost rollout workers replaced before the run fails with an error."
     )
 
 

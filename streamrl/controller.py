@@ -1,18 +1,21 @@
 """The training loop, top to bottom: SFT warm-start, then streaming asynchronous RL.
 
-    rollout worker (thread, asyncio)        trainer (this thread)
+    rollout workers (any backend)           trainer (this thread)
     admit -> episodes -> stream.put   ==>   stream.get_batch -> advantages
           ^                                 -> proximal logprobs -> update
-          '-- engine.update_weights(v+1) <-- publish weights, version v+1
+          '-- load weights v+1 <----------- publish weights, version v+1
 
-With ``stream.max_staleness = 0`` the two alternate exactly (synchronous
-on-policy RL); with eta >= 1 generation of the next batches overlaps training.
+The workers are threads, subprocesses or Ray actors (``runtime.backend``); the
+loop below is the same for all of them, only the backend object changes. With
+``stream.max_staleness = 0`` generation and training alternate exactly
+(synchronous on-policy RL); with eta >= 1 generation of the next batches overlaps
+training (disaggregated placement), or pauses during training and carries its
+unfinished sequences over (colocated placement with partial rollouts).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import os
 import random
@@ -26,18 +29,23 @@ import numpy as np
 import torch
 
 from streamrl.algorithms import PolicyLossParams, get_advantage, make_rl_loss_fn, sft_loss
-from streamrl.config import Config, RewardConfig, save_config
+from streamrl.backends import (
+    RolloutPool,
+    build_reward,
+    make_backend,
+    plan_placement,
+    sampling_params,
+)
+from streamrl.backends.placement import apply as apply_placement
+from streamrl.backends.placement import available_cpus
+from streamrl.config import Config, save_config
 from streamrl.data import build_task_source
-from streamrl.engines.inference import LocalEngine
 from streamrl.engines.train import TrainEngine
-from streamrl.episodes.single_turn import SingleTurnEpisode
 from streamrl.eval.evaluate import evaluate
 from streamrl.models import load_model_and_tokenizer
-from streamrl.rewards import CompositeReward
-from streamrl.rollout import RolloutWorker
 from streamrl.sft import run_sft, sft_batches
 from streamrl.sinks import build_sinks
-from streamrl.stream import Group, SampleStream, staleness_metrics
+from streamrl.stream import Group, SampleStream, carried_metrics, staleness_metrics
 from streamrl.tracking import (
     MetricsLogger,
     git_commit,
@@ -54,7 +62,7 @@ from streamrl.types import Batch, SamplingParams
 class RunResult:
     run_dir: Path
     summary: dict
-    trainer: TrainEngine
+    trainer: TrainEngine | None  # None when the trainer ran in a Ray actor
 
 
 @contextmanager
@@ -65,13 +73,9 @@ def stage(timings: dict[str, float], name: str):
     timings[f"time/{name}"] = timings.get(f"time/{name}", 0.0) + time.perf_counter() - t0
 
 
-def set_threads(cfg: Config, overlapping: bool) -> None:
-    """torch intra-op threads. Two Python threads (rollout and trainer) that each
-    use every core oversubscribe the CPU and OpenMP spin-waits make both crawl."""
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
-    else:
-        torch.set_num_threads(1 if overlapping else max(1, os.cpu_count() or 1))
+def set_threads(cfg: Config) -> None:
+    """torch threads outside RL (SFT, evaluation): every core unless runtime.threads."""
+    torch.set_num_threads(cfg.runtime.threads or max(1, len(available_cpus())))
 
 
 def seed_everything(seed: int) -> None:
@@ -84,24 +88,6 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-def sampling_params(cfg: Config, tokenizer) -> SamplingParams:
-    r = cfg.rollout
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return SamplingParams(
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        max_new_tokens=r.max_new_tokens,
-        stop=list(r.stop),
-        stop_token_ids=eos,
-    )
-
-
-def build_reward(cfg: RewardConfig) -> CompositeReward:
-    components = [(c.name, c.weight, c.options) for c in cfg.components]
-    return CompositeReward(components, timeout_s=cfg.timeout_s)
 
 
 def build_batch(groups: list[Group], cfg: Config, pad_id: int) -> Batch:
@@ -183,8 +169,18 @@ def make_trainer(cfg: Config, model: torch.nn.Module, lr: float) -> TrainEngine:
 
 
 def train(cfg: Config, progress: Callable | None = None) -> RunResult:
+    """Run ``cfg``; with ``runtime.backend=ray`` the loop itself runs in a Ray actor."""
+    if cfg.runtime.backend == "ray":
+        from streamrl.backends.ray_actors import run_on_ray
+
+        placement = plan_placement(cfg)
+        return run_on_ray(cfg, trainer_cpus=1 if placement.colocated else placement.trainer_threads)
+    return run_training(cfg, progress)
+
+
+def run_training(cfg: Config, progress: Callable | None = None) -> RunResult:
     # ---------------------------------------------------------------- set-up
-    set_threads(cfg, overlapping=False)
+    set_threads(cfg)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.runtime.device)
     # inputs first: a malformed data file fails before anything is written
@@ -260,48 +256,56 @@ def train(cfg: Config, progress: Callable | None = None) -> RunResult:
 
     # ---------------------------------------------------------------- RL
     ref_model = copy.deepcopy(engine_model) if cfg.algorithm.kl_coef > 0 else None
-    engine = LocalEngine(
-        engine_model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device
-    )
-    engine.update_weights(trainer.state_dict_for_inference(), 0)  # the SFT checkpoint
+    weights = trainer.state_dict_for_inference()  # the SFT checkpoint is version 0
     if ref_model is not None:
-        ref_model.load_state_dict(trainer.state_dict_for_inference())
+        ref_model.load_state_dict(weights)
+    placement = plan_placement(cfg)
+    backend = make_backend(cfg, placement, engine_model, tokenizer, weights, device)
     stream = SampleStream(
         cfg.train.batch_size, cfg.stream.max_staleness, cfg.stream.max_inflight_groups
     )
-    episode = SingleTurnEpisode(tokenizer, sampling_params(cfg, tokenizer), reward)
-    worker = RolloutWorker(
-        engine,
-        source.train_iter(cfg.seed),
-        episode,
+    pool = RolloutPool(
+        backend,
         stream,
-        group_size=cfg.rollout.group_size,
-        seed=cfg.seed,
-        dynamic_sampling=cfg.algorithm.dynamic_sampling,
-        greedy_baseline=cfg.algorithm.advantage == "remax",
+        source.train_iter(cfg.seed),
+        max_restarts=cfg.runtime.max_worker_restarts,
+        worker_timeout_s=cfg.runtime.worker_timeout_s,
         logger=log,
     )
     loss_fn = rl_loss_fn(cfg)
-    set_threads(cfg, overlapping=cfg.stream.max_staleness > 0)
-    worker.start()
+    colocated, partial = placement.colocated, cfg.rollout.partial_rollouts
+    all_cpus = available_cpus()
+    pool.start()
+    apply_placement(placement.trainer_cpus, placement.trainer_threads)
     t_rl = time.time()
-    tokens_total = 0
+    tokens_total, carried_total = 0, 0
     last_row: dict[str, float] = {}
     try:
+        pool.wait_version(0)  # every worker is up with the SFT weights
         for step in range(cfg.train.steps):
             timings: dict[str, float] = {}
             t_step = time.perf_counter()
             with stage(timings, "wait_batch"):
                 groups = None
                 while groups is None:
-                    if worker.error is not None:
-                        raise RuntimeError("rollout worker crashed") from worker.error
+                    pool.raise_if_failed()
                     groups = stream.get_batch(timeout=1.0)
+                if colocated:  # time-share the cores: generation stops while we train
+                    if not partial:
+                        pool.hold(True)
+                        pool.drain()
+                    pool.pause()
             lag = staleness_metrics(groups, stream.trainer_version)
             metrics = rl_step(trainer, groups, cfg, loss_fn, pad_id, timings, ref_model)
+            last = step + 1 == cfg.train.steps
             with stage(timings, "sync"):
-                engine.update_weights(trainer.state_dict_for_inference(), step + 1)
+                if last:  # admit nothing that no step would consume
+                    pool.hold(True)
+                pool.publish(trainer.state_dict_for_inference(), step + 1)
                 stream.set_trainer_version(step + 1)
+                if colocated and not last:
+                    pool.hold(False)
+                    pool.resume()
             correct = [
                 (t.metadata["reward_components"].get(cfg.reward.correct_reward) or 0.0) >= 1.0
                 for g in groups
@@ -309,38 +313,61 @@ def train(cfg: Config, progress: Callable | None = None) -> RunResult:
             ]
             n_tokens = sum(t.num_generated for g in groups for t in g.trajectories)
             tokens_total += n_tokens
+            carried = carried_metrics(groups)
+            carried_total += int(carried["rollout/carried_tokens"])
             step_time = time.perf_counter() - t_step
+            elapsed = max(time.time() - t_rl, 1e-9)
             metrics.update(lag)
+            metrics.update(carried)
             metrics.update(timings)
             metrics.update(stream.stats.as_metrics())
-            metrics.update(worker.pop_reward_stats())
+            metrics.update(pool.pop_reward_stats())
+            metrics["rollout/carried_tokens_total"] = carried_total
+            metrics["rollout/worker_restarts"] = pool.restarts
+            metrics["rollout/reissued_items"] = pool.reissued
+            metrics["rollout/engine_tokens"] = pool.total_engine_stats().get("tokens_generated", 0)
+            metrics["time/weight_publish"] = pool.publish_s.get(step + 1, 0.0)
+            if step in pool.sync_latency:  # the previous version's, complete by now
+                metrics["time/weight_sync_latency"] = pool.sync_latency[step]
             metrics["accuracy"] = sum(correct) / len(correct)
             metrics["time/step"] = step_time
-            metrics["tokens_per_s"] = tokens_total / max(time.time() - t_rl, 1e-9)
-            metrics["samples_per_s"] = (
-                stream.stats.consumed * cfg.rollout.group_size / max(time.time() - t_rl, 1e-9)
-            )
+            metrics["tokens_per_s"] = tokens_total / elapsed
+            metrics["samples_per_s"] = stream.stats.consumed * cfg.rollout.group_size / elapsed
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.train.steps:
+                if colocated:
+                    pool.pause()
                 metrics["eval/accuracy"] = run_eval(f"step {step + 1}")
+                if colocated:
+                    pool.resume()
             last_row = metrics
             if step + 1 < cfg.train.steps:  # the last row waits for the final eval
                 metrics_log.log(step + 1, metrics)
             if progress:
                 progress("rl", step + 1, cfg.train.steps, metrics)
     finally:
-        worker.stop()
+        pool.stop()
         stream.close()
+        apply_placement(tuple(all_cpus) if placement.trainer_cpus else None, 1)
     stream.check_accounting()
     summary["rl_time_s"] = time.time() - t_rl
+    summary["worker_restarts"] = pool.restarts
+    summary["reissued_items"] = pool.reissued
+    summary["carried_tokens"] = carried_total
+    latencies = list(pool.sync_latency.values())
+    if latencies:
+        summary["weight_sync_latency_s_mean"] = sum(latencies) / len(latencies)
+    publishes = list(pool.publish_s.values())
+    if publishes:
+        summary["weight_publish_s_mean"] = sum(publishes) / len(publishes)
 
     # ---------------------------------------------------------------- wrap-up
-    set_threads(cfg, overlapping=False)
+    set_threads(cfg)
     summary["eval_accuracy_after"] = run_eval("after RL")
     summary.update(
         {
             "steps": cfg.train.steps,
             "wall_time_s": time.time() - t_start,
-            "engine": dataclasses.asdict(engine.stats),
+            "engine": pool.total_engine_stats(),
             **{k: v for k, v in stream.stats.as_metrics().items()},
         }
     )

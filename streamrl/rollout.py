@@ -1,26 +1,45 @@
-"""Rollout worker: runs episodes on an asyncio loop and feeds the sample stream.
+"""Rollout worker: runs episodes on an asyncio loop, wherever it is placed.
 
-One item becomes one group of ``group_size`` episodes. The worker asks the
-stream for admission *before* starting a group (so nothing is generated only to
-be dropped), and reports every group exactly once: ``put`` when it is usable,
-``reject`` with a counted reason otherwise (filtered by dynamic sampling, episode
-rejected, episode or reward failure).
+The worker is transport-agnostic. It takes commands from ``inbox`` (a thread-safe
+queue the backend fills) and reports through ``emit`` (a callable the backend
+provides). The same class runs in a thread of the trainer's process, in a
+subprocess, and inside a Ray actor; see :mod:`streamrl.backends`.
+
+Commands (tuples)::
+
+    ("items", [Item, ...])   start one group of ``group_size`` episodes per item
+    ("pause",) ("resume",)   colocated placement: stop / restart decoding
+    ("stop",)                cancel everything and return
+
+Reports (tuples)::
+
+    ("version", v, engine_stats)                 engine weight version (also a heartbeat)
+    ("group", index, trajectories, reward_sum, n)
+    ("reject", index, outcome, reason, detail, reward_sum, n)
+
+One item becomes one group. Every item the worker receives is reported exactly
+once: ``group`` when it is usable, ``reject`` with a counted reason otherwise
+(filtered by dynamic sampling, episode rejected, episode or reward failure).
+``reward_sum / n`` is the reward of every scored sample, before any filtering
+(dynamic sampling biases the consumed batches towards mixed groups).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import threading
+import dataclasses
+import queue
+import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 from streamrl.engines.base import InferenceEngine
-from streamrl.stream import Group, SampleStream, StreamClosed
 from streamrl.types import Item, Trajectory
 
 Episode = Callable[..., Awaitable[Trajectory | None]]
+Emit = Callable[[tuple], None]
+
+HEARTBEAT_S = 1.0
 
 
 def sampling_seed(run_seed: int, item_index: int, sample: int) -> int:
@@ -35,78 +54,56 @@ def zero_variance(trajectories: list[Trajectory]) -> bool:
 
 
 class RolloutWorker:
-    """Produces groups into ``stream`` from ``items`` using ``episode`` on ``engine``."""
+    """Turns items from ``inbox`` into reported groups, using ``episode`` on ``engine``."""
 
     def __init__(
         self,
         engine: InferenceEngine,
-        items: Iterator[Item],
         episode: Episode,
-        stream: SampleStream,
+        emit: Emit,
         *,
         group_size: int,
         seed: int,
         dynamic_sampling: bool = True,
         greedy_baseline: bool = False,
-        max_inflight: int | None = None,
-        logger: logging.Logger | None = None,
     ) -> None:
-        self.engine, self.items, self.episode, self.stream = engine, items, episode, stream
+        self.engine, self.episode, self.emit = engine, episode, emit
         self.group_size, self.seed = group_size, seed
         self.dynamic_sampling, self.greedy_baseline = dynamic_sampling, greedy_baseline
-        self.max_inflight = max_inflight or 1_000_000
-        self.log = logger or logging.getLogger("streamrl.rollout")
-        self.error: BaseException | None = None
-        # reward of every scored sample, before any filtering (dynamic sampling
-        # biases the consumed batches towards mixed groups)
-        self._reward_lock = threading.Lock()
-        self._reward_sum, self._reward_n = 0.0, 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
 
-    # -------------------------------------------------------------- threading
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="rollout", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                self.log.warning("rollout thread did not stop within %.0fs", timeout)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self.run())
-        except StreamClosed:
-            pass
-        except BaseException as e:  # surfaced to the trainer by the controller
-            self.error = e
-            self.log.error("rollout worker crashed:\n%s", traceback.format_exc())
-
-    def pop_reward_stats(self) -> dict[str, float]:
-        """Mean reward of all samples scored since the last call (filtered ones too)."""
-        with self._reward_lock:
-            total, n = self._reward_sum, self._reward_n
-            self._reward_sum, self._reward_n = 0.0, 0
-        return {"rollout/reward_mean": total / n, "rollout/samples": n} if n else {}
-
-    # -------------------------------------------------------------- the loop
-
-    async def run(self) -> None:
+    async def run(self, on_tick: Callable[[], None] | None = None) -> None:
+        """The worker loop; returns on ``("stop",)``. ``on_tick`` runs every iteration
+        before commands are read (the process backend loads new shared weights there)."""
         tasks: set[asyncio.Task] = set()
+        reported, last_beat = None, 0.0
         try:
-            while not self._stop.is_set():
-                room = self.max_inflight - len(tasks)
-                indices = self.stream.admit(self.engine.version, room, timeout=0) if room else []
-                # create every admitted group before yielding to the loop, so the
-                # engine sees the whole wave at once (deterministic batching)
-                for index in indices:
-                    item = next(self.items)
-                    item.index = index
-                    tasks.add(asyncio.create_task(self._run_group(item)))
+            while True:
+                if on_tick is not None:
+                    on_tick()
+                now = time.monotonic()
+                if self.engine.version != reported or now - last_beat > HEARTBEAT_S:
+                    reported, last_beat = self.engine.version, now
+                    stats = getattr(self.engine, "stats", None)
+                    self.emit(("version", reported, dataclasses.asdict(stats) if stats else {}))
+                while True:  # every queued command, so a wave of items starts together
+                    try:
+                        cmd = self.inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if cmd[0] == "stop":
+                        return
+                    if cmd[0] == "pause":
+                        self.engine.pause()
+                    elif cmd[0] == "resume":
+                        self.engine.resume()
+                    elif cmd[0] == "items":
+                        # create every group before yielding to the loop, so the engine
+                        # sees the whole wave at once (deterministic batching)
+                        for item in cmd[1]:
+                            tasks.add(asyncio.create_task(self._run_group(item)))
+                    else:
+                        raise ValueError(f"unknown rollout worker command {cmd[0]!r}")
                 if tasks:
                     done, tasks = await asyncio.wait(
                         tasks, timeout=0.005, return_when=asyncio.FIRST_COMPLETED
@@ -116,6 +113,7 @@ class RolloutWorker:
                 else:
                     await asyncio.sleep(0.002)
         finally:
+            self.engine.resume()  # a paused engine would block cancellation forever
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -128,42 +126,38 @@ class RolloutWorker:
         if self.greedy_baseline:  # ReMax: a greedy rollout gives the baseline reward
             coros.append(self.episode(self.engine, item, 0, greedy=True))
         results = await asyncio.gather(*coros, return_exceptions=True)
-        with contextlib.suppress(StreamClosed):
-            self._report(item, results)
+        if any(isinstance(r, asyncio.CancelledError) for r in results):
+            return  # shutting down: the controller accounts for unreported items
+        self.emit(self._outcome(item, results))
 
-    def _report(self, item: Item, results: list) -> None:
+    def _outcome(self, item: Item, results: list) -> tuple:
         index = item.index
         for r in results:
             if isinstance(r, BaseException):
-                if isinstance(r, (asyncio.CancelledError, StreamClosed)):
-                    raise StreamClosed
-                self.log.error(
-                    "episode failed for item %s (%s): %s",
-                    item.id,
+                detail = "".join(traceback.format_exception(r)).strip()
+                return (
+                    "reject",
                     index,
-                    "".join(traceback.format_exception(r)).strip(),
+                    "failed",
+                    f"episode_error:{type(r).__name__}",
+                    detail,
+                    0,
+                    0,
                 )
-                self.stream.reject(index, "failed", f"episode_error:{type(r).__name__}")
-                return
         if any(r is None for r in results):
-            self.stream.reject(index, "filtered", "episode_rejected")
-            return
+            return ("reject", index, "filtered", "episode_rejected", "", 0, 0)
         trajectories: list[Trajectory] = list(results)
         for t in trajectories:
             errors = t.metadata.get("reward_errors") or {}
             if errors:
                 name, text = next(iter(errors.items()))
-                self.log.error("reward %r failed on item %s: %s", name, item.id, text)
-                self.stream.reject(index, "failed", f"reward_error:{name}")
-                return
-        with self._reward_lock:
-            self._reward_sum += sum(t.reward for t in trajectories[: self.group_size])
-            self._reward_n += self.group_size
+                return ("reject", index, "failed", f"reward_error:{name}", text, 0, 0)
+        scored = trajectories[: self.group_size]
+        reward_sum, n = sum(t.reward for t in scored), len(scored)
         if self.greedy_baseline:
             baseline = trajectories.pop()
             for t in trajectories:
                 t.metadata["baseline_reward"] = baseline.reward
         if self.dynamic_sampling and zero_variance(trajectories):
-            self.stream.reject(index, "filtered", "zero_reward_std")
-            return
-        self.stream.put(Group(index, -1, trajectories))
+            return ("reject", index, "filtered", "zero_reward_std", "", reward_sum, n)
+        return ("group", index, trajectories, reward_sum, n)

@@ -245,3 +245,20 @@ def staleness_metrics(groups: list[Group], trainer_version: int) -> dict[str, fl
         "staleness/mean": sum(lags) / len(lags),
         "staleness/max": float(max(lags)),
     }
+
+
+def carried_metrics(groups: list[Group]) -> dict[str, float]:
+    """Tokens generated under an older version than their sequence's last token.
+
+    Those are the tokens a weight update interrupted and carried over (partial
+    rollouts, interruptible generation) instead of throwing them away.
+    """
+    carried, mixed = 0, 0
+    for g in groups:
+        for t in g.trajectories:
+            v = t.versions[t.loss_mask]
+            if v.numel():
+                older = int((v < v.max()).sum())
+                carried += older
+                mixed += older > 0
+    return {"rollout/carried_tokens": float(carried), "rollout/multi_version_samples": float(mixed)}

@@ -198,6 +198,11 @@ class LocalEngine:
             finally:
                 self._step_lock.release()
 
+    @property
+    def has_pending_weights(self) -> bool:
+        """True between :meth:`update_weights` and the step boundary that applies it."""
+        return self._pending_weights is not None
+
     def pause(self) -> None:
         """Stops decoding at the next step boundary until :meth:`resume`."""
         self._resumed.clear()

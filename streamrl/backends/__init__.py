@@ -1,0 +1,82 @@
+"""Backends: where rollout workers run. One config key, ``runtime.backend``, picks one.
+
+=========  ==============================  ===============================
+backend    workers                         weights travel through
+=========  ==============================  ===============================
+local      threads of the trainer process  a reference (no copy)
+process    subprocesses (own cores)        shared memory
+ray        Ray actors (trainer too)        Ray's object store
+=========  ==============================  ===============================
+
+The controller talks to every backend through :class:`RolloutPool`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from streamrl.backends.base import Backend, WorkerLost
+from streamrl.backends.placement import Placement, plan_placement
+from streamrl.backends.pool import RolloutPool, WorkersUnreachable
+from streamrl.backends.spec import WorkerSpec, build_reward, make_worker, sampling_params
+from streamrl.config import Config
+
+__all__ = [
+    "Backend",
+    "Placement",
+    "RolloutPool",
+    "WorkerLost",
+    "WorkerSpec",
+    "WorkersUnreachable",
+    "build_reward",
+    "make_backend",
+    "make_worker",
+    "plan_placement",
+    "sampling_params",
+]
+
+
+def make_backend(
+    cfg: Config,
+    placement: Placement,
+    engine_model: torch.nn.Module,
+    tokenizer: Any,
+    weights: dict[str, torch.Tensor],
+    device: str,
+) -> Backend:
+    """The configured backend, its workers loaded with ``weights`` as version 0."""
+    n = cfg.runtime.num_rollout_workers
+    if cfg.runtime.backend == "local":
+        from streamrl.backends.local import LocalBackend
+        from streamrl.engines.inference import LocalEngine
+
+        def make(w: int, emit):
+            model = engine_model if w == 0 else copy.deepcopy(engine_model)
+            engine = LocalEngine(
+                model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device
+            )
+            engine.update_weights(weights, 0)
+            return engine, make_worker(cfg, engine, tokenizer, emit)
+
+        return LocalBackend(make, n)
+    spec = WorkerSpec(cfg, engine_model.config, tokenizer, device)
+    if cfg.runtime.backend == "process":
+        from streamrl.backends.process import ProcessBackend
+
+        return ProcessBackend(
+            spec, n, weights, worker_cpus=placement.worker_cpus, threads=placement.worker_threads
+        )
+    from streamrl.backends.ray_actors import RayBackend
+
+    return RayBackend(
+        spec,
+        n,
+        weights,
+        worker_cpus=placement.worker_cpus,
+        threads=placement.worker_threads,
+        num_cpus=0 if placement.colocated else placement.worker_threads,
+        poll_timeout_s=cfg.runtime.worker_timeout_s,
+    )

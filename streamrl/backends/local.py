@@ -1,0 +1,86 @@
+"""``local`` backend: rollout workers are threads of the trainer's process.
+
+Nothing is copied or pickled: a published state dict is handed to each engine,
+which loads it at its next step boundary. ``breakpoint()`` works anywhere. A
+worker thread that dies is a bug in this process, so it is not restarted: the
+run fails with the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from streamrl.engines.inference import LocalEngine
+from streamrl.rollout import Emit, RolloutWorker
+
+
+class LocalBackend:
+    name = "local"
+    restartable = False
+
+    def __init__(
+        self, make: Callable[[int, Emit], tuple[LocalEngine, RolloutWorker]], num_workers: int
+    ):
+        self.num_workers = num_workers
+        self._reports: queue.SimpleQueue[tuple[int, tuple]] = queue.SimpleQueue()
+        self.engines: list[LocalEngine] = []
+        self.workers: list[RolloutWorker] = []
+        for w in range(num_workers):
+            engine, worker = make(w, lambda msg, w=w: self._reports.put((w, msg)))
+            self.engines.append(engine)
+            self.workers.append(worker)
+        self._threads: list[threading.Thread] = []
+        self._errors: dict[int, str] = {}
+
+    def start(self) -> None:
+        for w, worker in enumerate(self.workers):
+            t = threading.Thread(
+                target=self._run, args=(w, worker), name=f"rollout-{w}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
+    def _run(self, w: int, worker: RolloutWorker) -> None:
+        try:
+            asyncio.run(worker.run())
+        except BaseException:
+            self._errors[w] = traceback.format_exc()
+
+    def send(self, worker: int, command: tuple) -> None:
+        self.workers[worker].inbox.put(command)
+
+    def poll(self) -> list[tuple[int, tuple]]:
+        out = []
+        while True:
+            try:
+                out.append(self._reports.get_nowait())
+            except queue.Empty:
+                return out
+
+    def dead(self) -> dict[int, str]:
+        return {
+            w: self._errors.get(w, "rollout thread exited")
+            for w, t in enumerate(self._threads)
+            if not t.is_alive()
+        }
+
+    def restart(self, worker: int) -> None:
+        raise RuntimeError("the local backend does not restart worker threads")
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        for engine in self.engines:
+            engine.update_weights(state_dict, version)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.inbox.put(("stop",))
+        for t in self._threads:
+            t.join(30)
+        for e in self.engines:
+            e.close()

@@ -1,0 +1,271 @@
+"""RolloutPool: the controller's side of every backend.
+
+A pump thread in the trainer's process:
+
+1. drains worker reports into the sample stream (``put`` / ``reject``);
+2. notices dead or silent workers, replaces them, and re-issues the items they
+   held (same item index, same sampling seeds), so nothing is lost and, since a
+   group is reported in one message, nothing is consumed twice;
+3. admits new items for each worker at that worker's *acknowledged* weight
+   version. Versions only grow, so an item's tokens all have versions >= the
+   version it was admitted at, which is what the stream's staleness proof needs.
+
+Weight publication is timed twice: ``publish_s`` is what the trainer spends
+making the weights available; ``latency_s`` runs until every live worker has
+reported the new version (its engine loaded it between two decode steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+from streamrl.backends.base import Backend, WorkerLost
+from streamrl.stream import Group, SampleStream, StreamClosed
+from streamrl.types import Item
+
+
+class WorkersUnreachable(RuntimeError):
+    """The trainer cannot reach enough rollout workers to go on."""
+
+
+class RolloutPool:
+    def __init__(
+        self,
+        backend: Backend,
+        stream: SampleStream,
+        items: Iterator[Item],
+        *,
+        max_restarts: int = 3,
+        worker_timeout_s: float = 60.0,
+        interval_s: float = 0.002,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.backend, self.stream, self.items = backend, stream, items
+        self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
+        self.interval_s = interval_s
+        self.log = logger or logging.getLogger("streamrl.pool")
+        n = backend.num_workers
+        self.versions: list[int | None] = [None] * n  # acknowledged engine version
+        self.inflight: list[dict[int, Item]] = [{} for _ in range(n)]
+        self.engine_stats: list[dict] = [{} for _ in range(n)]
+        self._last_seen = [time.monotonic()] * n
+        self._orphans: list[Item] = []  # items of dead workers, waiting for a new home
+        self.restarts = 0
+        self.reissued = 0
+        self.error: BaseException | None = None
+        self._lock = threading.RLock()  # reports, sends and counters
+        self._hold = False  # stop admitting (colocated drain)
+        self._published: dict[int, float] = {}  # version -> publish start
+        self.sync_latency: dict[int, float] = {}  # version -> seconds until all loaded
+        self.publish_s: dict[int, float] = {}
+        self._reward_sum, self._reward_n = 0.0, 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.backend.start()
+        self._last_seen = [time.monotonic()] * self.backend.num_workers
+        self._thread = threading.Thread(target=self._pump, name="rollout-pool", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        for w in range(self.backend.num_workers):
+            with contextlib.suppress(WorkerLost):
+                self.backend.send(w, ("stop",))
+        self.backend.close()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # ------------------------------------------------------------ trainer-side calls
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        t0 = time.perf_counter()
+        self._published[version] = t0
+        self.backend.publish(state_dict, version)
+        self.publish_s[version] = time.perf_counter() - t0
+
+    def wait_version(self, version: int, timeout: float | None = None) -> None:
+        """Block until every live worker runs ``version`` (or newer)."""
+        deadline = time.monotonic() + (timeout or self.worker_timeout_s)
+        while not all(v is not None and v >= version for v in self.versions):
+            self.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise WorkersUnreachable(
+                    f"rollout workers did not load weight version {version} within "
+                    f"{timeout or self.worker_timeout_s:.0f}s (versions: {self.versions})"
+                )
+            time.sleep(0.001)
+
+    def pause(self) -> None:
+        self._broadcast(("pause",))
+
+    def resume(self) -> None:
+        self._broadcast(("resume",))
+
+    def hold(self, on: bool) -> None:
+        """Stop (or restart) admitting new items."""
+        self._hold = on
+
+    def drain(self) -> None:
+        """Wait until no worker holds an unreported item (admission must be held)."""
+        while any(self.inflight) or self._orphans:
+            self.raise_if_failed()
+            time.sleep(0.001)
+
+    def pop_reward_stats(self) -> dict[str, float]:
+        """Mean reward of all samples scored since the last call (filtered ones too)."""
+        with self._lock:
+            total, n = self._reward_sum, self._reward_n
+            self._reward_sum, self._reward_n = 0.0, 0
+        return {"rollout/reward_mean": total / n, "rollout/samples": n} if n else {}
+
+    def total_engine_stats(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for stats in self.engine_stats:
+            for k, v in stats.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def _broadcast(self, command: tuple) -> None:
+        with self._lock:
+            for w in range(self.backend.num_workers):
+                with contextlib.suppress(WorkerLost):  # the pump replaces it
+                    self.backend.send(w, command)
+
+    # ------------------------------------------------------------ the pump
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    busy = self._receive()
+                    self._check_workers()
+                    busy |= self._dispatch()
+                if not busy:
+                    time.sleep(self.interval_s)
+        except StreamClosed:
+            pass
+        except BaseException as e:  # surfaced to the trainer by raise_if_failed
+            self.error = (
+                e
+                if isinstance(e, WorkersUnreachable)
+                else RuntimeError(f"rollout pool failed: {e!r}")
+            )
+            if not isinstance(e, WorkersUnreachable):
+                self.error.__cause__ = e
+            self.log.error("rollout pool stopped: %s", e)
+
+    def _receive(self) -> bool:
+        reports = self.backend.poll()
+        now = time.monotonic()
+        for w, msg in reports:
+            self._last_seen[w] = now
+            kind = msg[0]
+            if kind == "version":
+                self.versions[w] = msg[1]
+                if len(msg) > 2:
+                    self.engine_stats[w] = msg[2]
+                self._note_sync(now)
+            elif kind == "group":
+                _, index, trajectories, reward_sum, n = msg
+                if self.inflight[w].pop(index, None) is None:
+                    continue  # a late report of an item already re-issued elsewhere
+                self._add_rewards(reward_sum, n)
+                self.stream.put(Group(index, -1, trajectories))
+            elif kind == "reject":
+                _, index, outcome, reason, detail, reward_sum, n = msg
+                if self.inflight[w].pop(index, None) is None:
+                    continue
+                self._add_rewards(reward_sum, n)
+                if detail:
+                    self.log.error("item %d %s (%s): %s", index, outcome, reason, detail)
+                self.stream.reject(index, outcome, reason)
+            else:
+                raise ValueError(f"unknown report {kind!r} from rollout worker {w}")
+        return bool(reports)
+
+    def _add_rewards(self, reward_sum: float, n: int) -> None:
+        self._reward_sum += reward_sum
+        self._reward_n += n
+
+    def _note_sync(self, now: float) -> None:
+        live = [v for v in self.versions if v is not None]
+        if len(live) < len(self.versions):
+            return
+        low = min(live)
+        for version in [v for v in self._published if v <= low]:
+            start = self._published.pop(version)
+            self.sync_latency[version] = time.perf_counter() - start
+
+    def _check_workers(self) -> None:
+        gone = dict(self.backend.dead())
+        now = time.monotonic()
+        for w in range(self.backend.num_workers):
+            if w not in gone and now - self._last_seen[w] > self.worker_timeout_s:
+                gone[w] = f"no report for {self.worker_timeout_s:.0f}s (runtime.worker_timeout_s)"
+        for w, why in gone.items():
+            self._replace(w, why)
+
+    def _replace(self, w: int, why: str) -> None:
+        held = list(self.inflight[w].values())
+        self.log.warning(
+            "rollout worker %d lost (%s); re-issuing its %d in-flight items", w, why, len(held)
+        )
+        if not self.backend.restartable:
+            raise WorkersUnreachable(
+                f"rollout worker {w} ({self.backend.name} backend) died: {why}"
+            )
+        if self.restarts >= self.max_restarts:
+            raise WorkersUnreachable(
+                f"rollout worker {w} lost ({why}) and runtime.max_worker_restarts="
+                f"{self.max_restarts} replacements are used up; giving up instead of waiting"
+            )
+        self._orphans.extend(sorted(held, key=lambda it: it.index))
+        self.reissued += len(held)
+        self.inflight[w] = {}
+        self.versions[w] = None
+        self.restarts += 1
+        self.backend.restart(w)
+        self._last_seen[w] = time.monotonic()
+
+    def _dispatch(self) -> bool:
+        """Hand orphans, then newly admitted items, to ready workers (fewest in flight first)."""
+        if self._hold:
+            return False
+        ready = [w for w, v in enumerate(self.versions) if v is not None and v >= 0]
+        if not ready:
+            return False
+        sent = False
+        chunk = max(1, math.ceil(self.stream.batch_size / len(ready)))
+        for w in sorted(ready, key=lambda w: len(self.inflight[w])):
+            items: list[Item] = []
+            while self._orphans and len(items) < chunk:
+                items.append(self._orphans.pop(0))
+            room = chunk - len(items)
+            if room:
+                for index in self.stream.admit(self.versions[w], room, timeout=0):
+                    item = next(self.items)
+                    item.index = index
+                    items.append(item)
+            if items:
+                for item in items:
+                    self.inflight[w][item.index] = item
+                # on WorkerLost the items stay in inflight[w]: re-issued on replacement
+                with contextlib.suppress(WorkerLost):
+                    self.backend.send(w, ("items", items))
+                sent = True
+        return sent

@@ -1,0 +1,206 @@
+"""``ray`` backend: rollout workers and the trainer are Ray actors.
+
+``run_on_ray`` starts a local Ray instance (or joins ``runtime.ray_address``) and
+runs the whole controller inside a trainer actor; the controller then creates
+one rollout actor per worker. Weights are put in Ray's object store once per
+version and every actor reads the same object. A rollout actor that dies
+(SIGKILL, node loss) surfaces as ``RayActorError`` on its next poll and is
+replaced by the pool. Ray is optional: ``pip install 'streamrl[ray]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamrl.backends.base import WorkerLost
+from streamrl.backends.placement import apply
+from streamrl.backends.spec import WorkerSpec
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("runtime.backend=ray needs Ray: pip install 'streamrl[ray]'") from e
+    return ray
+
+
+class _RolloutActor:
+    """One rollout worker; its asyncio loop runs on a thread of the actor."""
+
+    def __init__(self, spec: WorkerSpec, cpus: Any, threads: int, weights: dict, version: int):
+        apply(cpus, threads)
+        self._reports: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self.engine, self.worker = spec.build(self._reports.put)
+        self.engine.update_weights(weights, version)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.worker.run())
+        except BaseException:
+            self._reports.put(("crashed", traceback.format_exc()))
+
+    def send(self, command: tuple) -> None:
+        self.worker.inbox.put(command)
+
+    def poll(self) -> list[tuple]:
+        out = []
+        while True:
+            try:
+                out.append(self._reports.get_nowait())
+            except queue.Empty:
+                return out
+
+    def update_weights(self, weights: dict, version: int) -> None:
+        self.engine.update_weights(weights, version)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayBackend:
+    name = "ray"
+    restartable = True
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        num_workers: int,
+        initial_weights: dict[str, torch.Tensor],
+        *,
+        worker_cpus: tuple[tuple[int, ...] | None, ...],
+        threads: int,
+        num_cpus: float,
+        poll_timeout_s: float = 30.0,
+    ) -> None:
+        ray = _ray()
+        self.spec, self.num_workers = spec, num_workers
+        self.worker_cpus, self.threads = worker_cpus, threads
+        self.poll_timeout_s = poll_timeout_s
+        self._cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(_RolloutActor)
+        self._weights = (ray.put(initial_weights), 0)
+        self.actors: list[Any] = [None] * num_workers
+        self._why: dict[int, str] = {}
+
+    def start(self) -> None:
+        for w in range(self.num_workers):
+            self._spawn(w)
+
+    def _spawn(self, w: int) -> None:
+        ref, version = self._weights
+        self.actors[w] = self._cls.remote(
+            self.spec, self.worker_cpus[w], self.threads, ref, version
+        )
+        self._why.pop(w, None)
+
+    def pids(self) -> list[int]:
+        ray = _ray()
+        return ray.get([a.pid.remote() for a in self.actors], timeout=self.poll_timeout_s)
+
+    def send(self, worker: int, command: tuple) -> None:
+        if worker in self._why:
+            raise WorkerLost(self._why[worker])
+        self.actors[worker].send.remote(command)  # a failure shows up on the next poll
+
+    def poll(self) -> list[tuple[int, tuple]]:
+        ray = _ray()
+        live = [w for w in range(self.num_workers) if w not in self._why]
+        refs = {w: self.actors[w].poll.remote() for w in live}
+        out = []
+        for w, ref in refs.items():
+            try:
+                reports = ray.get(ref, timeout=self.poll_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                continue  # a hung actor is caught by the pool's heartbeat timeout
+            except ray.exceptions.RayActorError as e:
+                self._why[w] = f"Ray actor died: {type(e).__name__}"
+                continue
+            for msg in reports:
+                if msg[0] == "crashed":
+                    self._why[w] = f"crashed:\n{msg[1]}"
+                    break
+                out.append((w, msg))
+        return out
+
+    def dead(self) -> dict[int, str]:
+        return dict(self._why)
+
+    def restart(self, worker: int) -> None:
+        self._kill(worker)
+        self._spawn(worker)
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        ray = _ray()
+        ref = ray.put(state_dict)  # one copy in the object store, read by every actor
+        self._weights = (ref, version)
+        acks = [
+            a.update_weights.remote(ref, version)
+            for w, a in enumerate(self.actors)
+            if w not in self._why
+        ]
+        # a dead or hung worker is noticed and replaced by the pool
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get(acks, timeout=self.poll_timeout_s)
+
+    def _kill(self, w: int) -> None:
+        ray = _ray()
+        if self.actors[w] is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.actors[w], no_restart=True)
+
+    def close(self) -> None:
+        for w in range(self.num_workers):
+            self._kill(w)
+            self.actors[w] = None
+
+
+class _TrainerActor:
+    def run(self, cfg: Any) -> tuple[str, dict]:
+        from streamrl.controller import run_training
+
+        result = run_training(cfg)
+        return str(result.run_dir), result.summary
+
+
+def init_ray(address: str | None) -> None:
+    """Join ``address`` or start a local instance (no dashboard, no network)."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True)
+    if address is None:
+        kwargs["num_cpus"] = max(4, os.cpu_count() or 1)  # logical slots; placement pins cores
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, RuntimeError, TimeoutError) as e:
+        raise ConnectionError(
+            f"could not join the Ray cluster at runtime.ray_address={address!r}: {e}"
+        ) from e
+
+
+def run_on_ray(cfg: Any, trainer_cpus: float) -> Any:
+    """Run the controller in a Ray trainer actor; returns the RunResult (no trainer)."""
+    from streamrl.controller import RunResult
+
+    ray = _ray()
+    init_ray(cfg.runtime.ray_address)
+    cfg = cfg.model_copy(deep=True)
+    cfg.run.output_dir = str(Path(cfg.run.output_dir).resolve())  # the actor's cwd may differ
+    actor = ray.remote(num_cpus=trainer_cpus, max_restarts=0)(_TrainerActor).remote()
+    try:
+        run_dir, summary = ray.get(actor.run.remote(cfg))
+    finally:
+        ray.kill(actor)
+    return RunResult(run_dir=Path(run_dir), summary=summary, trainer=None)
