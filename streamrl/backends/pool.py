@@ -31,6 +31,9 @@ from streamrl.stream import Group, SampleStream, StreamClosed
 from streamrl.types import Item
 
 
+START_TIMEOUT_S = 180.0  # silence allowed before a (re)started worker's first report
+
+
 class WorkersUnreachable(RuntimeError):
     """The trainer cannot reach enough rollout workers to go on."""
 
@@ -215,8 +218,13 @@ class RolloutPool:
         gone = dict(self.backend.dead())
         now = time.monotonic()
         for w in range(self.backend.num_workers):
-            if w not in gone and now - self._last_seen[w] > self.worker_timeout_s:
-                gone[w] = f"no report for {self.worker_timeout_s:.0f}s (runtime.worker_timeout_s)"
+            # a worker starting up (importing torch, building its model, waiting for
+            # a Ray scheduler) gets longer before its first report
+            limit = self.worker_timeout_s
+            if self.versions[w] is None:
+                limit = max(limit, START_TIMEOUT_S)
+            if w not in gone and now - self._last_seen[w] > limit:
+                gone[w] = f"no report for {limit:.0f}s (runtime.worker_timeout_s)"
         for w, why in gone.items():
             self._replace(w, why)
 

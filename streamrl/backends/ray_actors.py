@@ -121,10 +121,10 @@ class RayBackend:
         for w, ref in refs.items():
             try:
                 reports = ray.get(ref, timeout=self.poll_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                continue  # a hung actor is caught by the pool's heartbeat timeout
-            except ray.exceptions.RayActorError as e:
-                self._why[w] = f"Ray actor died: {type(e).__name__}"
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
+                continue  # transient, or hung: the pool's heartbeat timeout decides
+            except ray.exceptions.RayError as e:  # RayActorError, ActorDiedError, ...
+                self._why[w] = f"Ray actor died: {type(e).__name__}: {str(e)[:200]}"
                 continue
             for msg in reports:
                 if msg[0] == "crashed":

@@ -1,11 +1,15 @@
 """Weights through shared memory: the process backend's weight channel.
 
-The trainer owns one shared-memory copy of the inference weights. ``publish``
-copies new weights into it under a lock and bumps the version; each worker
-process polls the version between scheduler iterations and, when it changed,
-copies the buffer out under the same lock and hands the copy to its engine,
-which loads it between two decode steps. Nothing is pickled after start-up: the
-tensors' memory is mapped into every worker once, when the worker is spawned.
+The trainer owns one shared-memory copy of the inference weights. Each worker
+process maps it once, when it is spawned; after that nothing is pickled.
+
+Synchronisation is a sequence lock, not a mutex: a worker killed with SIGKILL in
+the middle of reading must never leave a lock held that the trainer then waits on
+forever. The single writer (the trainer) makes the sequence number odd, copies
+the new weights in, sets the version, and makes it even again. A reader copies
+the buffer out and keeps the copy only if the sequence number was the same even
+value before and after; otherwise it tries again at its next tick. The copy goes
+to the worker's engine, which loads it between two decode steps.
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ import torch
 
 
 class SharedWeights:
-    """A versioned, lock-protected set of shared-memory tensors."""
+    """A versioned set of shared-memory tensors with one writer."""
 
     def __init__(self, state_dict: dict[str, torch.Tensor], version: int, ctx: Any) -> None:
         self.tensors = {
             k: v.detach().to("cpu", copy=True).share_memory_() for k, v in state_dict.items()
         }
-        self.lock = ctx.Lock()
-        self.version = ctx.Value("q", version, lock=False)  # written only under self.lock
+        self.seq = ctx.Value("q", 0, lock=False)  # odd while the writer is copying
+        self.version = ctx.Value("q", version, lock=False)
 
     @property
     def nbytes(self) -> int:
@@ -36,11 +40,24 @@ class SharedWeights:
         missing = self.tensors.keys() - state_dict.keys()
         if missing:
             raise KeyError(f"published weights lack {sorted(missing)[:3]}...")
-        with self.lock, torch.no_grad():
+        self.seq.value += 1
+        with torch.no_grad():
             for k, t in self.tensors.items():
                 t.copy_(state_dict[k])
-            self.version.value = version
+        self.version.value = version
+        self.seq.value += 1
         return time.perf_counter() - t0
+
+    def read_into(self, out: dict[str, torch.Tensor]) -> int | None:
+        """Copy a consistent snapshot into ``out``; its version, or None if a write overlapped."""
+        before = self.seq.value
+        if before % 2:
+            return None
+        with torch.no_grad():
+            for k, t in self.tensors.items():
+                out[k].copy_(t)
+        version = self.version.value
+        return version if self.seq.value == before else None
 
 
 class SharedWeightsReader:
@@ -49,6 +66,7 @@ class SharedWeightsReader:
     def __init__(self, shared: SharedWeights, engine: Any) -> None:
         self.shared, self.engine = shared, engine
         self.loaded = -(2**62)
+        self.retries = 0  # reads discarded because the trainer wrote meanwhile
         # a private copy the engine loads from, so the trainer can publish again
         # while the engine is still waiting for a step boundary
         self._local = {k: torch.empty_like(t) for k, t in shared.tensors.items()}
@@ -56,9 +74,9 @@ class SharedWeightsReader:
     def tick(self) -> None:
         if self.shared.version.value <= self.loaded or self.engine.has_pending_weights:
             return
-        with self.shared.lock, torch.no_grad():
-            for k, t in self.shared.tensors.items():
-                self._local[k].copy_(t)
-            version = self.shared.version.value
+        version = self.shared.read_into(self._local)
+        if version is None:
+            self.retries += 1
+            return
         self.engine.update_weights(self._local, version)
         self.loaded = version
