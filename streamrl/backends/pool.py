@@ -30,7 +30,6 @@ from streamrl.backends.base import Backend, WorkerLost
 from streamrl.stream import Group, SampleStream, StreamClosed
 from streamrl.types import Item
 
-
 START_TIMEOUT_S = 180.0  # silence allowed before a (re)started worker's first report
 
 
