@@ -41,8 +41,8 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    kind: Literal["arithmetic", "jsonl", "parquet", "datasets", "reasoning_gym"] = Field(
-        "arithmetic", description="Task source kind."
+    kind: Literal["arithmetic", "jsonl", "parquet", "datasets", "reasoning_gym", "longtail"] = (
+        Field("arithmetic", description="Task source kind.")
     )
     options: dict[str, Any] = Field(
         default_factory=lambda: {"digits": 2, "operators": "+"},
@@ -74,6 +74,9 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k filter (0 = off).")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    ignore_eos: bool = Field(
+        False, description="Do not stop at the EOS token (benchmarks: exact answer lengths)."
+    )
     max_batch_size: int = Field(64, ge=1, description="Decode slots of the inference engine.")
     partial_rollouts: bool = Field(
         True,

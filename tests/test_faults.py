@@ -207,3 +207,15 @@ def _children() -> list[int]:
             if ppid == me:
                 out.append(int(d.name))
     return out
+
+
+def test_unreachable_ray_address_fails_fast_with_a_clear_message() -> None:
+    pytest.importorskip("ray")
+    from streamrl.backends.ray_actors import probe_address
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match="cannot reach the Ray cluster.*127.0.0.1:9"):
+        probe_address("127.0.0.1:9", timeout_s=2)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        probe_address("nonsense")

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import queue
+import socket
 import threading
 import traceback
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 
 from streamrl.backends.base import WorkerLost
 from streamrl.backends.placement import apply
+from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.backends.spec import WorkerSpec
 
 
@@ -166,6 +168,9 @@ class RayBackend:
 
 
 class _TrainerActor:
+    def ready(self) -> bool:
+        return True
+
     def run(self, cfg: Any) -> tuple[str, dict]:
         from streamrl.controller import run_training
 
@@ -179,6 +184,8 @@ def init_ray(address: str | None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address not in (None, "auto", "local"):
+        probe_address(address)  # ray.init would retry an unreachable address for minutes
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True)
     if address is None:
         kwargs["num_cpus"] = max(4, os.cpu_count() or 1)  # logical slots; placement pins cores
@@ -187,6 +194,22 @@ def init_ray(address: str | None) -> None:
     except (ConnectionError, RuntimeError, TimeoutError) as e:
         raise ConnectionError(
             f"could not join the Ray cluster at runtime.ray_address={address!r}: {e}"
+        ) from e
+
+
+def probe_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, and clearly, if nothing listens at a Ray ``HOST:PORT`` address."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"runtime.ray_address={address!r}: expected 'auto' or 'HOST:PORT'")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at runtime.ray_address={address!r} ({e}); "
+            "is `ray start --head` running there? Leave ray_address unset to start a "
+            "local instance."
         ) from e
 
 
@@ -200,6 +223,13 @@ def run_on_ray(cfg: Any, trainer_cpus: float) -> Any:
     cfg.run.output_dir = str(Path(cfg.run.output_dir).resolve())  # the actor's cwd may differ
     actor = ray.remote(num_cpus=trainer_cpus, max_restarts=0)(_TrainerActor).remote()
     try:
+        try:
+            ray.get(actor.ready.remote(), timeout=START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the Ray trainer actor (num_cpus={trainer_cpus}) was not scheduled within "
+                f"{START_TIMEOUT_S:.0f}s; cluster resources: {ray.available_resources()}"
+            ) from None
         run_dir, summary = ray.get(actor.run.remote(cfg))
     finally:
         ray.kill(actor)

@@ -26,6 +26,8 @@ from streamrl.types import SamplingParams
 def sampling_params(cfg: Config, tokenizer: Any) -> SamplingParams:
     r = cfg.rollout
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if r.ignore_eos:
+        eos = []
     return SamplingParams(
         temperature=r.temperature,
         top_p=r.top_p,

@@ -10,6 +10,7 @@ jsonl          :class:`JsonlTaskSource`                     path, eval_path, ...
 parquet        :class:`ParquetTaskSource`                   path, eval_path, ...
 datasets       :class:`DatasetsTaskSource`                  path, format, split, ...
 reasoning_gym  :class:`ReasoningGymTaskSource`              task, size, seed, ...
+longtail       :class:`LongTailTaskSource`                  long_fraction, long_tokens, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.data.files`.
@@ -24,6 +25,7 @@ from typing import Any
 from streamrl.data.arithmetic import ArithmeticTaskSource
 from streamrl.data.base import DataError, FiniteTaskSource, TaskSource
 from streamrl.data.files import DatasetsTaskSource, JsonlTaskSource, ParquetTaskSource
+from streamrl.data.longtail import LongTailTaskSource
 from streamrl.data.reasoning_gym_source import ReasoningGymTaskSource
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "DatasetsTaskSource",
     "FiniteTaskSource",
     "JsonlTaskSource",
+    "LongTailTaskSource",
     "ParquetTaskSource",
     "ReasoningGymTaskSource",
     "TaskSource",
@@ -46,6 +49,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "parquet": ParquetTaskSource,
     "datasets": DatasetsTaskSource,
     "reasoning_gym": ReasoningGymTaskSource,
+    "longtail": LongTailTaskSource,
 }
 
 

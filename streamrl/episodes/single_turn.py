@@ -50,6 +50,8 @@ class SingleTurnEpisode:
         self, engine: InferenceEngine, item: Item, seed: int, greedy: bool = False
     ) -> Trajectory | None:
         params = replace(self.sampling, temperature=0.0) if greedy else self.sampling
+        if "max_new_tokens" in item.metadata:  # a per-item answer budget
+            params = replace(params, max_new_tokens=int(item.metadata["max_new_tokens"]))
         prompt_ids = encode_prompt(self.tokenizer, item)
         result = await engine.agenerate(GenerationRequest(prompt_ids, params, seed))
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
