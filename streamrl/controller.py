@@ -37,6 +37,7 @@ from streamrl.backends import (
     sampling_params,
 )
 from streamrl.backends.placement import apply as apply_placement
+from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.backends.placement import available_cpus
 from streamrl.config import Config, save_config
 from streamrl.data import build_task_source
@@ -278,10 +279,10 @@ def run_training(cfg: Config, progress: Callable | None = None) -> RunResult:
     pool.start()
     apply_placement(placement.trainer_cpus, placement.trainer_threads)
     t_rl = time.time()
-    tokens_total, carried_total = 0, 0
+    tokens_total, carried_total, waited = 0, 0, 0.0
     last_row: dict[str, float] = {}
     try:
-        pool.wait_version(0)  # every worker is up with the SFT weights
+        pool.wait_version(0, timeout=START_TIMEOUT_S)  # every worker runs the SFT weights
         for step in range(cfg.train.steps):
             timings: dict[str, float] = {}
             t_step = time.perf_counter()
@@ -313,6 +314,7 @@ def run_training(cfg: Config, progress: Callable | None = None) -> RunResult:
             ]
             n_tokens = sum(t.num_generated for g in groups for t in g.trajectories)
             tokens_total += n_tokens
+            waited += timings["time/wait_batch"]
             carried = carried_metrics(groups)
             carried_total += int(carried["rollout/carried_tokens"])
             step_time = time.perf_counter() - t_step
@@ -353,6 +355,9 @@ def run_training(cfg: Config, progress: Callable | None = None) -> RunResult:
     summary["worker_restarts"] = pool.restarts
     summary["reissued_items"] = pool.reissued
     summary["carried_tokens"] = carried_total
+    summary["rl_tokens_consumed"] = tokens_total
+    # colocated: the time the engine had the cores (generation), the rest was training
+    summary["rl_wait_batch_s"] = waited
     latencies = list(pool.sync_latency.values())
     if latencies:
         summary["weight_sync_latency_s_mean"] = sum(latencies) / len(latencies)

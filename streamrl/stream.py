@@ -238,13 +238,17 @@ class SampleStream:
 
 
 def staleness_metrics(groups: list[Group], trainer_version: int) -> dict[str, float]:
-    """min/mean/max of (trainer version - oldest token version) over a batch."""
+    """min/mean/max of (trainer version - oldest token version) over a batch, and
+    how many groups had each lag."""
     lags = [trainer_version - g.min_version for g in groups]
-    return {
+    out = {
         "staleness/min": float(min(lags)),
         "staleness/mean": sum(lags) / len(lags),
         "staleness/max": float(max(lags)),
     }
+    for lag in set(lags):  # the distribution: groups consumed at each lag
+        out[f"staleness/groups_at_lag_{lag}"] = float(lags.count(lag))
+    return out
 
 
 def carried_metrics(groups: list[Group]) -> dict[str, float]:

@@ -96,8 +96,9 @@ class RolloutPool:
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()
-        self._published[version] = t0
-        self.backend.publish(state_dict, version)
+        with self._lock:  # the pump pops it when the last worker loads the version
+            self._published[version] = t0
+        self.backend.publish(state_dict, version)  # not under the lock: the pump goes on
         self.publish_s[version] = time.perf_counter() - t0
 
     def wait_version(self, version: int, timeout: float | None = None) -> None:
