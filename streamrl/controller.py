@@ -37,8 +37,8 @@ from streamrl.backends import (
     sampling_params,
 )
 from streamrl.backends.placement import apply as apply_placement
-from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.backends.placement import available_cpus
+from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.config import Config, save_config
 from streamrl.data import build_task_source
 from streamrl.engines.train import TrainEngine
