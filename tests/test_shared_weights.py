@@ -68,3 +68,16 @@ def test_a_reader_killed_mid_read_never_blocks_the_writer() -> None:
     ).start()
     assert done.wait(30), "publish blocked on a dead reader"
     assert shared.version.value == 1
+
+
+def test_ray_object_store_form_round_trips_every_dtype() -> None:
+    from streamrl.backends.ray_actors import _from_object_store, _to_object_store
+
+    sd = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "f16": torch.randn(2, 2).to(torch.float16),
+    }
+    back = _from_object_store(_to_object_store(sd))
+    for k, v in sd.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k

@@ -17,6 +17,7 @@ import queue
 import socket
 import threading
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,28 @@ def _ray():
     return ray
 
 
+def _to_object_store(state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[Any, str]]:
+    """numpy views of the tensors: Ray stores numpy buffers out of band and actors map
+    them read-only without a copy (pickled torch tensors would be copied twice).
+    numpy has no bfloat16, so those travel as int16 bit patterns."""
+    out = {}
+    for k, t in state_dict.items():
+        t = t.detach().cpu().contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
+        out[k] = ((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy(), dtype)
+    return out
+
+
+def _from_object_store(stored: dict[str, tuple[Any, str]]) -> dict[str, torch.Tensor]:
+    out = {}
+    with warnings.catch_warnings():  # read-only buffers: the engine only copies from them
+        warnings.simplefilter("ignore", UserWarning)
+        for k, (arr, dtype) in stored.items():
+            t = torch.from_numpy(arr)
+            out[k] = t.view(torch.bfloat16) if dtype == "bfloat16" else t
+    return out
+
+
 class _RolloutActor:
     """One rollout worker; its asyncio loop runs on a thread of the actor."""
 
@@ -43,7 +66,7 @@ class _RolloutActor:
         apply(cpus, threads)
         self._reports: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self.engine, self.worker = spec.build(self._reports.put)
-        self.engine.update_weights(weights, version)
+        self.engine.update_weights(_from_object_store(weights), version)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -65,7 +88,7 @@ class _RolloutActor:
                 return out
 
     def update_weights(self, weights: dict, version: int) -> None:
-        self.engine.update_weights(weights, version)
+        self.engine.update_weights(_from_object_store(weights), version)
 
     def pid(self) -> int:
         return os.getpid()
@@ -91,7 +114,7 @@ class RayBackend:
         self.worker_cpus, self.threads = worker_cpus, threads
         self.poll_timeout_s = poll_timeout_s
         self._cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(_RolloutActor)
-        self._weights = (ray.put(initial_weights), 0)
+        self._weights = (ray.put(_to_object_store(initial_weights)), 0)
         self.actors: list[Any] = [None] * num_workers
         self._why: dict[int, str] = {}
 
@@ -144,7 +167,7 @@ class RayBackend:
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         ray = _ray()
-        ref = ray.put(state_dict)  # one copy in the object store, read by every actor
+        ref = ray.put(_to_object_store(state_dict))  # one copy, mapped by every actor
         self._weights = (ref, version)
         acks = [
             a.update_weights.remote(ref, version)

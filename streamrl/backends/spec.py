@@ -71,7 +71,7 @@ class WorkerSpec:
         loads the real ones before the worker reports ready) and its worker."""
         dtype = resolve_dtype(self.cfg.model.dtype)
         with torch.device(self.device):
-            model = AutoModelForCausalLM.from_config(self.model_config, torch_dtype=dtype)
+            model = AutoModelForCausalLM.from_config(self.model_config, dtype=dtype)
         engine = LocalEngine(
             model,
             self.tokenizer,
