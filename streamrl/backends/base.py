@@ -9,9 +9,20 @@ It also tells which workers died and replaces them. Everything that decides
 
 from __future__ import annotations
 
+import queue
 from typing import Protocol
 
 import torch
+
+
+def drain(q: queue.SimpleQueue) -> list:
+    """Everything in ``q`` right now, without blocking."""
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
 
 
 class WorkerLost(RuntimeError):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from streamrl.backends.base import drain
 from streamrl.engines.inference import LocalEngine
 from streamrl.rollout import Emit, RolloutWorker
 
@@ -56,12 +57,7 @@ class LocalBackend:
         self.workers[worker].inbox.put(command)
 
     def poll(self) -> list[tuple[int, tuple]]:
-        out = []
-        while True:
-            try:
-                out.append(self._reports.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._reports)
 
     def dead(self) -> dict[int, str]:
         return {

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from streamrl.backends.base import WorkerLost
+from streamrl.backends.base import WorkerLost, drain
 from streamrl.backends.placement import apply
 from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.backends.spec import WorkerSpec
@@ -80,12 +80,7 @@ class _RolloutActor:
         self.worker.inbox.put(command)
 
     def poll(self) -> list[tuple]:
-        out = []
-        while True:
-            try:
-                out.append(self._reports.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._reports)
 
     def update_weights(self, weights: dict, version: int) -> None:
         self.engine.update_weights(_from_object_store(weights), version)
