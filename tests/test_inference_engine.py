@@ -278,6 +278,25 @@ def test_update_weights_mid_sequence(llama):
         torch.testing.assert_close(torch.tensor(r.logprobs[5:]), new[5:], atol=1e-4, rtol=0)
 
 
+def test_weights_staged_during_the_last_step_are_applied(llama):
+    """update_weights while a step holds the lock, and no step follows (the engine
+    is idle afterwards): the weights must still land, or a worker that reports its
+    version would advertise the old one forever (a deadlock under admission control)."""
+    engine = LocalEngine(tiny_llama(), max_batch_size=2, version=0)
+    new = {"lm_head.weight": torch.zeros_like(engine.model.lm_head.weight)}
+    done = []
+
+    def on_done(result):  # runs inside the step, with the step lock held
+        engine.update_weights(new, version=3)
+        done.append(result)
+
+    engine._enqueue([(GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=1)), on_done)])
+    engine._step()
+    assert done and not engine._has_work()
+    assert engine.version == 3 and not engine.has_pending_weights
+    assert torch.equal(engine.model.lm_head.weight, new["lm_head.weight"])
+
+
 def test_pause_update_resume_from_another_thread(llama):
     engine = LocalEngine(tiny_llama(), max_batch_size=2)
     paused = threading.Event()

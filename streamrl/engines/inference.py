@@ -269,6 +269,14 @@ class LocalEngine:
                     raise
             finally:
                 self.stats.step_seconds += time.perf_counter() - t0
+        # weights staged while this step held the lock: update_weights could not apply
+        # them, and an engine with no more work runs no next step, so apply them now
+        if self._pending_weights is not None and self._step_lock.acquire(blocking=False):
+            try:
+                with torch.inference_mode():
+                    self._apply_pending_weights()
+            finally:
+                self._step_lock.release()
 
     def _apply_pending_weights(self) -> None:
         with self._queue_lock:
