@@ -276,6 +276,7 @@ def run_training(cfg: Config, progress: Callable | None = None) -> RunResult:
     loss_fn = rl_loss_fn(cfg)
     colocated, partial = placement.colocated, cfg.rollout.partial_rollouts
     all_cpus = available_cpus()
+
     pool.start()
     apply_placement(placement.trainer_cpus, placement.trainer_threads)
     t_rl = time.time()

@@ -39,7 +39,7 @@ class Backend(Protocol):
         """Start every worker (returns before they are ready; they report a version)."""
 
     def send(self, worker: int, command: tuple) -> None:
-        """Deliver one command; raises :class:`WorkerLost` if the worker is gone."""
+        """Deliver one command (thread-safe); raises :class:`WorkerLost` if the worker is gone."""
 
     def poll(self) -> list[tuple[int, tuple]]:
         """Every report that arrived since the last call, as (worker, report)."""

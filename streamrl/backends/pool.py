@@ -62,7 +62,11 @@ class RolloutPool:
         self.restarts = 0
         self.reissued = 0
         self.error: BaseException | None = None
-        self._lock = threading.RLock()  # reports, sends and counters
+        self._lock = threading.RLock()  # the pump's state: reports, sends, in-flight items
+        # bookkeeping the trainer thread also touches; never held for long, so the
+        # trainer never waits for a pump iteration (on a one-core trainer that can be
+        # a scheduling slice or more)
+        self._stats_lock = threading.Lock()
         self._hold = False  # stop admitting (colocated drain)
         self._published: dict[int, float] = {}  # version -> publish start
         self.sync_latency: dict[int, float] = {}  # version -> seconds until all loaded
@@ -96,9 +100,9 @@ class RolloutPool:
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()
-        with self._lock:  # the pump pops it when the last worker loads the version
+        with self._stats_lock:  # the pump pops it when the last worker loads the version
             self._published[version] = t0
-        self.backend.publish(state_dict, version)  # not under the lock: the pump goes on
+        self.backend.publish(state_dict, version)
         self.publish_s[version] = time.perf_counter() - t0
 
     def wait_version(self, version: int, timeout: float | None = None) -> None:
@@ -131,7 +135,7 @@ class RolloutPool:
 
     def pop_reward_stats(self) -> dict[str, float]:
         """Mean reward of all samples scored since the last call (filtered ones too)."""
-        with self._lock:
+        with self._stats_lock:
             total, n = self._reward_sum, self._reward_n
             self._reward_sum, self._reward_n = 0.0, 0
         return {"rollout/reward_mean": total / n, "rollout/samples": n} if n else {}
@@ -144,10 +148,9 @@ class RolloutPool:
         return out
 
     def _broadcast(self, command: tuple) -> None:
-        with self._lock:
-            for w in range(self.backend.num_workers):
-                with contextlib.suppress(WorkerLost):  # the pump replaces it
-                    self.backend.send(w, command)
+        for w in range(self.backend.num_workers):  # backends' send is thread-safe
+            with contextlib.suppress(WorkerLost):  # the pump replaces it
+                self.backend.send(w, command)
 
     # ------------------------------------------------------------ the pump
 
@@ -202,17 +205,19 @@ class RolloutPool:
         return bool(reports)
 
     def _add_rewards(self, reward_sum: float, n: int) -> None:
-        self._reward_sum += reward_sum
-        self._reward_n += n
+        with self._stats_lock:
+            self._reward_sum += reward_sum
+            self._reward_n += n
 
     def _note_sync(self, now: float) -> None:
         live = [v for v in self.versions if v is not None]
         if len(live) < len(self.versions):
             return
         low = min(live)
-        for version in [v for v in self._published if v <= low]:
-            start = self._published.pop(version)
-            self.sync_latency[version] = time.perf_counter() - start
+        with self._stats_lock:
+            for version in [v for v in self._published if v <= low]:
+                start = self._published.pop(version)
+                self.sync_latency[version] = time.perf_counter() - start
 
     def _check_workers(self) -> None:
         gone = dict(self.backend.dead())

@@ -76,6 +76,7 @@ class ProcessBackend:
         self._cmd: list[Any] = [None] * num_workers
         self._rep: list[Any] = [None] * num_workers
         self._why: dict[int, str] = {}
+        self._send_lock = threading.Lock()
 
     def start(self) -> None:
         for w in range(self.num_workers):
@@ -104,7 +105,8 @@ class ProcessBackend:
         if worker in self._why:
             raise WorkerLost(self._why[worker])
         try:
-            self._cmd[worker].send(command)
+            with self._send_lock:  # the pump and the trainer thread both send
+                self._cmd[worker].send(command)
         except (BrokenPipeError, EOFError, OSError) as e:
             self._why.setdefault(worker, f"command pipe broken: {e!r}")
             raise WorkerLost(self._why[worker]) from e
