@@ -51,7 +51,7 @@ class RolloutPool:
     ) -> None:
         self.backend, self.stream, self.items = backend, stream, items
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
-        self.interval_s = interval_s
+        self.interval_s = getattr(backend, "poll_interval_s", interval_s)
         self.log = logger or logging.getLogger("streamrl.pool")
         n = backend.num_workers
         self.versions: list[int | None] = [None] * n  # acknowledged engine version

@@ -67,6 +67,7 @@ class _RolloutActor:
         self._reports: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self.engine, self.worker = spec.build(self._reports.put)
         self.engine.update_weights(_from_object_store(weights), version)
+        self._staged = version
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -83,6 +84,9 @@ class _RolloutActor:
         return drain(self._reports)
 
     def update_weights(self, weights: dict, version: int) -> None:
+        if version <= self._staged:  # never step back, whatever order calls arrive in
+            return
+        self._staged = version
         self.engine.update_weights(_from_object_store(weights), version)
 
     def pid(self) -> int:
@@ -92,6 +96,7 @@ class _RolloutActor:
 class RayBackend:
     name = "ray"
     restartable = True
+    poll_interval_s = 0.01  # each poll is a remote call: ask less often than a pipe
 
     def __init__(
         self,
@@ -112,6 +117,7 @@ class RayBackend:
         self._weights = (ray.put(_to_object_store(initial_weights)), 0)
         self.actors: list[Any] = [None] * num_workers
         self._why: dict[int, str] = {}
+        self._polls: dict[int, Any] = {}  # worker -> its poll call in flight
 
     def start(self) -> None:
         for w in range(self.num_workers):
@@ -134,15 +140,25 @@ class RayBackend:
         self.actors[worker].send.remote(command)  # a failure shows up on the next poll
 
     def poll(self) -> list[tuple[int, tuple]]:
+        """Never blocks and never drops reports: each worker has at most one poll call
+        in flight, and a call that has not returned yet is collected next time."""
         ray = _ray()
-        live = [w for w in range(self.num_workers) if w not in self._why]
-        refs = {w: self.actors[w].poll.remote() for w in live}
+        for w in range(self.num_workers):
+            if w not in self._why and w not in self._polls:
+                self._polls[w] = self.actors[w].poll.remote()
+        if not self._polls:
+            return []
+        ready, _ = ray.wait(list(self._polls.values()), num_returns=len(self._polls), timeout=0)
+        ready_set = set(ready)
         out = []
-        for w, ref in refs.items():
+        for w, ref in list(self._polls.items()):
+            if ref not in ready_set:
+                continue  # still running (or hung: the pool's heartbeat timeout decides)
+            del self._polls[w]
             try:
-                reports = ray.get(ref, timeout=self.poll_timeout_s)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
-                continue  # transient, or hung: the pool's heartbeat timeout decides
+                reports = ray.get(ref)
+            except ray.exceptions.ActorUnavailableError:
+                continue  # transient: ask again
             except ray.exceptions.RayError as e:  # RayActorError, ActorDiedError, ...
                 self._why[w] = f"Ray actor died: {type(e).__name__}: {str(e)[:200]}"
                 continue
@@ -158,6 +174,7 @@ class RayBackend:
 
     def restart(self, worker: int) -> None:
         self._kill(worker)
+        self._polls.pop(worker, None)  # the dead actor's reports are gone with it
         self._spawn(worker)
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
