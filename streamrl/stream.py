@@ -13,9 +13,14 @@ Staleness bound (eta = ``max_staleness``), B = groups per batch:
   any version u, at most ``(u + eta + 1) * B`` eventually-consumed items are ever
   admitted at versions <= u.
 * Consumption. The batch for trainer version v must contain every outstanding
-  item admitted at version <= v - eta (the consumer waits for them). By the bound
-  above, and since ``v * B`` items were consumed before, there are at most B of
-  them, so they fit; the rest of the batch is filled oldest-first.
+  item admitted at version <= v - eta (the consumer waits for them); the rest is
+  filled with ready items, oldest first. Invariant P(v): at trainer version v, for
+  every admit version u, at most ``(u + eta + 1 - v) * B`` items admitted at
+  versions <= u are outstanding. Admission keeps P (an item admitted at e <= u
+  found ``consumed + outstanding < (e + eta + 1) * B`` with ``consumed = v * B``).
+  The consumer only takes a batch after which P(v + 1) holds (``_keeps_bound``;
+  otherwise it waits for older items to finish, and the B oldest always qualify).
+  P(v) at u = v - eta says at most B items are forced, so they fit.
 
 Every generated token of an item has version >= its admission version, so by
 induction no consumed token is more than eta versions older than the trainer.
@@ -184,6 +189,7 @@ class SampleStream:
                 forced = [i for i, v in self._outstanding.items() if v <= oldest_allowed]
                 if len(forced) > b:  # impossible if producers respect capacity()
                     raise AssertionError(f"{len(forced)} items would exceed the staleness bound")
+                chosen = None
                 if all(i in self._ready for i in forced) and len(self._ready) >= b:
                     forced_set = set(forced)
                     rest = sorted(
@@ -191,6 +197,7 @@ class SampleStream:
                         key=lambda i: (self._outstanding[i], i),
                     )
                     chosen = sorted(forced + rest[: b - len(forced)])
+                if chosen is not None and self._keeps_bound(set(chosen)):
                     groups = [self._ready.pop(i) for i in chosen]
                     for i in chosen:
                         del self._outstanding[i]
@@ -201,6 +208,20 @@ class SampleStream:
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+
+    def _keeps_bound(self, chosen: set[int]) -> bool:
+        """After consuming ``chosen`` (trainer goes v -> v+1), every admit version u
+        must have at most (u + eta - v) * B items at versions <= u left outstanding,
+        or some later batch would have more than B forced items. Taking newer ready
+        items while older ones still generate can break this; then the consumer
+        waits for the older ones instead."""
+        left = Counter(u for i, u in self._outstanding.items() if i not in chosen)
+        total = 0
+        for u in sorted(left):
+            total += left[u]
+            if total > (u + self.max_staleness - self._trainer_version) * self.batch_size:
+                return False
+        return True
 
     # ------------------------------------------------------------ lifecycle
 

@@ -162,3 +162,22 @@ def test_misuse_is_rejected() -> None:
         stream.admit(0, 1)
     stream.check_accounting()
     assert stream.stats.filtered["run_ended"] == 1
+
+
+def test_newer_ready_items_never_push_older_ones_past_the_bound() -> None:
+    """B=1, eta=2: items 0 and 1 (version 0) are slow. Taking newer ready items
+    ahead of them twice would leave both forced into the one slot of batch 2."""
+    stream = SampleStream(batch_size=1, max_staleness=2)
+    assert stream.admit(0, 5) == [0, 1, 2]
+    stream.put(Group(2, -1, [_traj([0], 2)]))
+    assert [g.index for g in stream.get_batch(timeout=1)] == [2]  # still safe
+    stream.set_trainer_version(1)
+    assert stream.admit(1, 5) == [3]
+    stream.put(Group(3, -1, [_traj([1], 3)]))
+    assert stream.get_batch(timeout=0.05) is None  # taking 3 now would doom 0 and 1
+    stream.put(Group(0, -1, [_traj([0], 0)]))
+    assert [g.index for g in stream.get_batch(timeout=1)] == [0]
+    stream.set_trainer_version(2)
+    stream.put(Group(1, -1, [_traj([0], 1)]))
+    assert [g.index for g in stream.get_batch(timeout=1)] == [1]  # forced, and it fits
+    stream.check_accounting()
