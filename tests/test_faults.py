@@ -66,6 +66,22 @@ def _backend(kind: str, cfg, workers: int):
     return backend, weights, backend.pids
 
 
+def _pool(kind: str, cfg, workers: int, *, max_restarts: int, worker_timeout_s: float):
+    """A started pool over a fresh backend and stream; the test stops it."""
+    backend, weights, pids = _backend(kind, cfg, workers)
+    stream = SampleStream(B, max_staleness=1)
+    source = build_task_source(cfg.data.kind, **cfg.data.options)
+    pool = RolloutPool(
+        backend,
+        stream,
+        source.train_iter(0),
+        max_restarts=max_restarts,
+        worker_timeout_s=worker_timeout_s,
+    )
+    pool.start()
+    return pool, stream, weights, pids
+
+
 def _wait_batch(pool: RolloutPool, stream: SampleStream, timeout: float = 120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -79,11 +95,7 @@ def _wait_batch(pool: RolloutPool, stream: SampleStream, timeout: float = 120.0)
 @pytest.mark.parametrize("kind", ["process", "ray"])
 def test_sigkilled_worker_is_replaced_and_its_items_reissued(tmp_path: Path, kind: str) -> None:
     cfg = _cfg(tmp_path)
-    backend, weights, pids = _backend(kind, cfg, workers=2)
-    stream = SampleStream(B, max_staleness=1)
-    source = build_task_source(cfg.data.kind, **cfg.data.options)
-    pool = RolloutPool(backend, stream, source.train_iter(0), max_restarts=2, worker_timeout_s=60)
-    pool.start()
+    pool, stream, weights, pids = _pool(kind, cfg, 2, max_restarts=2, worker_timeout_s=60)
     consumed: list[int] = []
     lost: set[int] = set()
     try:
@@ -124,11 +136,7 @@ def test_sigkilled_worker_is_replaced_and_its_items_reissued(tmp_path: Path, kin
 
 def test_hung_worker_is_declared_lost_after_the_timeout(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
-    backend, weights, pids = _backend("process", cfg, workers=1)
-    stream = SampleStream(B, max_staleness=1)
-    source = build_task_source(cfg.data.kind, **cfg.data.options)
-    pool = RolloutPool(backend, stream, source.train_iter(0), max_restarts=1, worker_timeout_s=3)
-    pool.start()
+    pool, stream, weights, pids = _pool("process", cfg, 1, max_restarts=1, worker_timeout_s=3)
     try:
         pool.wait_version(0, timeout=120)
         while not pool.inflight[0]:
@@ -148,11 +156,7 @@ def test_hung_worker_is_declared_lost_after_the_timeout(tmp_path: Path) -> None:
 
 def test_trainer_fails_clearly_when_workers_cannot_be_replaced(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
-    backend, weights, pids = _backend("process", cfg, workers=1)
-    stream = SampleStream(B, max_staleness=1)
-    source = build_task_source(cfg.data.kind, **cfg.data.options)
-    pool = RolloutPool(backend, stream, source.train_iter(0), max_restarts=0, worker_timeout_s=60)
-    pool.start()
+    pool, stream, _, pids = _pool("process", cfg, 1, max_restarts=0, worker_timeout_s=60)
     t0 = time.monotonic()
     try:
         pool.wait_version(0, timeout=120)
