@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from streamrl.algorithms.base import Algorithm, Filtered, Timer, register_algorithm
+from streamrl.algorithms.losses import PolicyLossParams, decoupled_old_policy
 from streamrl.algorithms.returns import gae, next_values, vtrace
 from streamrl.types import Batch, Segment, Trajectory
 
@@ -46,20 +47,33 @@ def actor_critic_loss(
     vf_clip: float | None,
     entropy_coef: float,
     norm_advantages: bool,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """All tensors the same shape ((M,) transitions or (N, T) tokens); ``mask`` bool, or
     None when every element counts (transitions: fewer ops on a tiny network's step).
 
     ratio = exp(logprobs - old_logprobs)
-    policy = mean(max(-A ratio, -A clip(ratio, 1 - clip, 1 + clip)))
+    policy = mean(w max(-A ratio, -A clip(ratio, 1 - clip, 1 + clip)))
     value  = mean(0.5 max((V - R)^2, (V_old + clip(V - V_old, +-vf_clip) - R)^2))
     loss   = policy + vf_coef value - entropy_coef mean(entropy)
+
+    Decoupled PPO (Hilton et al. 2021; AReaL): ``old_logprobs`` are the proximal
+    policy's (the weights before this update) and ``weights`` w the detached, corrected
+    pi_prox / pi_behave; ``weights=None`` (w = 1) is standard PPO.
     """
-    if mask is None:
-        n = torch.tensor(float(logprobs.numel()))
+    if mask is None:  # every op counts on a tiny network: the fused ATen reductions
 
         def mean(x: torch.Tensor) -> torch.Tensor:
             return x.mean()
+
+        def var(x: torch.Tensor) -> torch.Tensor:  # population variance
+            return torch.var(x, correction=0)
+
+        def normalize(x: torch.Tensor) -> torch.Tensor:  # unbiased std, as SB3 and CleanRL
+            if x.numel() < 2:
+                return x - x.mean()
+            std, mu = torch.std_mean(x)
+            return (x - mu) / (std + 1e-8)
 
     else:
         n = mask.sum().clamp(min=1)
@@ -67,35 +81,41 @@ def actor_critic_loss(
         def mean(x: torch.Tensor) -> torch.Tensor:
             return torch.where(mask, x, 0.0).sum() / n
 
-    adv = advantages
-    if norm_advantages:
-        mu = mean(adv)
-        var = mean((adv - mu) ** 2) * n / (n - 1).clamp(min=1)
-        adv = (adv - mu) / (var.sqrt() + 1e-8)
+        def var(x: torch.Tensor) -> torch.Tensor:
+            return mean((x - mean(x)) ** 2)
+
+        def normalize(x: torch.Tensor) -> torch.Tensor:
+            std = (var(x) * n / (n - 1).clamp(min=1)).sqrt()
+            return (x - mean(x)) / (std + 1e-8)
+
+    adv = normalize(advantages) if norm_advantages else advantages
     log_ratio = logprobs - old_logprobs
     if mask is not None:
         log_ratio = torch.where(mask, log_ratio, 0.0)
     log_ratio = log_ratio.clamp(-20, 20)
     ratio = log_ratio.exp()
-    policy = mean(torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)))
+    surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
+    policy = mean(surrogate if weights is None else weights * surrogate)
     err = (values - returns) ** 2
     if vf_clip is not None:
         clipped = old_values + (values - old_values).clamp(-vf_clip, vf_clip)
         err = torch.maximum(err, (clipped - returns) ** 2)
     value = 0.5 * mean(err)
-    ent = mean(entropy)
-    loss = policy + vf_coef * value - entropy_coef * ent
+    loss = policy + vf_coef * value
+    if entropy_coef:  # else the entropy stays out of the graph: no backward through it
+        ent = mean(entropy)
+        loss = loss - entropy_coef * ent
     with torch.no_grad():
+        ent = mean(entropy)
+        excess = ratio - 1
         metrics = {
             "policy_loss": float(policy),
             "value_loss": float(value),
             "entropy": float(ent),
-            "approx_kl": float(mean((ratio - 1) - log_ratio)),
-            "clip_frac": float(mean(((ratio - 1).abs() > clip).float())),
+            "approx_kl": float(mean(excess - log_ratio)),
+            "clip_frac": float(mean((excess.abs() > clip).float())),
             "explained_variance": float(
-                1
-                - mean((returns - old_values - mean(returns - old_values)) ** 2)
-                / mean((returns - mean(returns)) ** 2).clamp(min=1e-8)
+                1 - var(returns - old_values) / var(returns).clamp(min=1e-8)
             ),
         }
     return loss, metrics
@@ -121,6 +141,7 @@ class ActorCriticLoss:
             old_lp, old_v, mask = batch.behavior_logprobs, batch.values, batch.loss_mask
         else:  # transitions: (M,)
             old_lp, old_v, mask = batch.logprobs, batch.values, None
+        weights = getattr(batch, "weights", None)  # decoupled: corrected pi_prox / pi_behave
         return actor_critic_loss(
             outputs["logprobs"],
             old_lp,
@@ -135,6 +156,7 @@ class ActorCriticLoss:
             vf_clip=self.vf_clip,
             entropy_coef=self.entropy_coef,
             norm_advantages=self.norm_advantages,
+            weights=weights,
         )
 
 
@@ -147,6 +169,10 @@ def stack_segments(segments: list[Segment]) -> dict[str, torch.Tensor]:
     out = {f: torch.cat([getattr(s, f) for s in segments], dim=1) for f in fields}
     out["last_obs"] = torch.cat([s.last_obs for s in segments], dim=0)
     out["last_values"] = torch.cat([s.last_values for s in segments], dim=0)
+    # (T, sum N_i): the weight version of every step of every environment
+    out["versions"] = torch.cat(
+        [s.versions[:, None].expand(-1, s.rewards.shape[1]) for s in segments], 1
+    )
     return out
 
 
@@ -166,6 +192,21 @@ class ActorCritic(Algorithm):
         )
         self.total_steps = max(1, cfg.train.steps * cfg.train.num_minibatches * cfg.train.epochs)
         self.pad_id = 0
+        # decoupled PPO on stale segments (gae only: V-trace corrects them its own way)
+        self.decoupled = a.decoupled and not self.vtrace and cfg.stream.max_staleness > 0
+        self._params = PolicyLossParams(
+            behave_imp_weight_cap=a.behave_imp_weight_cap,
+            is_correction=a.is_correction,
+            is_cap=a.is_cap,
+            icepop_band=tuple(a.icepop_band),
+        )
+        self.version = 0  # the trainer's weight version: one per prepared batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state.get("version", self.version))
 
     @property
     def loss_fn(self) -> ActorCriticLoss:
@@ -194,12 +235,13 @@ class ActorCritic(Algorithm):
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Any:
         self._anneal(trainer)
         samples = [t for g in groups for t in g.trajectories]
+        version, self.version = self.version, self.version + 1
         with timer("advantage"):
             if isinstance(samples[0], Segment):
-                return self._prepare_segments(samples, trainer)
+                return self._prepare_segments(samples, trainer, version)
         return self._prepare_tokens(samples, trainer, timer)
 
-    def _prepare_segments(self, segments: list[Segment], trainer: Any) -> Any:
+    def _prepare_segments(self, segments: list[Segment], trainer: Any, version: int) -> Any:
         from streamrl.engines.policy_train import TransitionBatch
 
         a, s = self.cfg.algorithm, stack_segments(segments)
@@ -216,6 +258,9 @@ class ActorCritic(Algorithm):
         )
         done = s["terminated"] | s["truncated"]
         values, last_values, behave_lp = s["values"], s["last_values"], s["logprobs"]
+        stale = s["versions"] < version  # (T, N) steps played by older weights
+        if self.decoupled and bool(stale.any()):
+            values, last_values = self._decouple(batch, s, stale, trainer)
         if self.vtrace:  # values and log-probs under the weights about to be updated
             now = trainer.evaluate(batch)
             values = now["values"].reshape(t_len, n)
@@ -235,6 +280,36 @@ class ActorCritic(Algorithm):
             )  # fmt: skip
         batch.advantages, batch.returns = flat(adv), flat(returns)
         return batch
+
+    def _decouple(
+        self, batch: Any, s: dict[str, torch.Tensor], stale: torch.Tensor, trainer: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoupled PPO on the stale steps: one no-grad forward of the weights about to
+        be updated (the proximal policy) gives the clip centre and the weights
+        w = correction(pi_prox / pi_behave) (``batch.logprobs``, ``batch.weights``).
+
+        Values: the proximal critic's too, for GAE, the value clip and explained
+        variance. At eta = 0 the rollout's values are the weights-before-the-update
+        critic's, which is what SB3 and CleanRL use; on stale steps that critic is the
+        proximal one (the behaviour critic is one update older). Fresh steps keep the
+        rollout's log-probs and values bit for bit (w = 1 exactly). ``final_values``
+        (truncations) stay the rollout's: the final observations are not kept.
+        Returns the (T, N) values and (N,) bootstrap values for the advantages.
+        """
+        t_len, n = stale.shape
+        now = trainer.evaluate(batch)
+        flat_stale = stale.reshape(-1)
+        prox = torch.where(flat_stale, now["logprobs"], batch.logprobs)
+        mask = torch.ones_like(flat_stale)
+        batch.logprobs, batch.weights, _ = decoupled_old_policy(
+            batch.logprobs, prox, mask, self._params
+        )
+        batch.values = torch.where(flat_stale, now["values"], batch.values)
+        last_stale = stale[-1]  # (N,) the bootstrap: V(last_obs), after the last step
+        last_values = torch.where(
+            last_stale, trainer.evaluate_values(s["last_obs"]), s["last_values"]
+        )
+        return batch.values.reshape(t_len, n), last_values
 
     def _prepare_tokens(self, trajectories: list[Trajectory], trainer: Any, timer: Timer) -> Batch:
         a = self.cfg.algorithm

@@ -16,7 +16,7 @@ where ``logprobs`` carries the gradient and everything else is data.
 Decoupled objective (AReaL): when ``proximal_logprobs`` (the weights before this
 update) are given, the "old" policy of the ratio is pi_prox instead of pi_behave,
 and every token loss is weighted by the detached pi_prox / pi_behave, which corrects
-for the behaviour policy being stale. All three losses share this (``_old_policy``).
+for the behaviour policy being stale. All three losses share this (``decoupled_old_policy``).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def _log_ratio(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) ->
     return log_r.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
 
 
-def _old_policy(
+def decoupled_old_policy(
     behavior_logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor | None,
     mask: torch.Tensor,
@@ -225,7 +225,7 @@ def ppo_clip(
     loss_t = -w_t * min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t),
     r_t = pi_theta / pi_old, pi_old = pi_prox (else pi_behave), w_t = pi_prox / pi_behave (else 1).
     """
-    old, weight, metrics = _old_policy(behavior_logprobs, proximal_logprobs, mask, params)
+    old, weight, metrics = decoupled_old_policy(behavior_logprobs, proximal_logprobs, mask, params)
     ratio = _log_ratio(logprobs, old, mask).exp()  # (N, T)
     clipped = ratio.clamp(1 - params.clip_low, 1 + params.clip_high)
     loss_t = torch.maximum(-advantages * ratio, -advantages * clipped)  # -min(...)
@@ -265,7 +265,7 @@ def gspo(
     1 + gspo_clip_high]; always aggregated seq_mean_token_mean (``params.agg_mode`` is
     ignored).
     """
-    old, weight, metrics = _old_policy(behavior_logprobs, proximal_logprobs, mask, params)
+    old, weight, metrics = decoupled_old_policy(behavior_logprobs, proximal_logprobs, mask, params)
     log_r = _log_ratio(logprobs, old, mask)  # (N, T)
     seq_log_ratio = log_r.sum(-1) / mask.sum(-1).clamp(min=1)  # (N,) log s_i
     token_log_ratio = seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach()  # (N, T)
@@ -303,7 +303,7 @@ def cispo(
     loss_t = -w_t * sg[min(r_t, 1 + cispo_clip_high)] * A_t * log pi_theta_t: every
     token keeps its gradient A_t * grad log pi_t, only its weight is capped.
     """
-    old, weight, metrics = _old_policy(behavior_logprobs, proximal_logprobs, mask, params)
+    old, weight, metrics = decoupled_old_policy(behavior_logprobs, proximal_logprobs, mask, params)
     ratio = _log_ratio(logprobs, old, mask).exp().detach()  # (N, T)
     is_weight = ratio.clamp(max=1 + params.cispo_clip_high)
     loss_t = -is_weight * advantages * logprobs

@@ -74,9 +74,7 @@ class Optimized:
 
     def step_optimizer(self) -> float | None:
         """Clip the gradient and step; returns its norm, or None (no step) if non-finite."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.trainable, self.max_grad_norm if self.max_grad_norm else math.inf
-        )
+        grad_norm = self.clip_gradients(self.max_grad_norm if self.max_grad_norm else math.inf)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
@@ -85,6 +83,10 @@ class Optimized:
             self.scheduler.step()
         self.global_step += 1
         return float(grad_norm)
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients to a total norm of at most ``max_norm``; their norm before."""
+        return torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Weights (adapters included), optimizer and schedule: everything to continue."""

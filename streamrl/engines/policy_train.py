@@ -33,7 +33,9 @@ class TransitionBatch:
 
     obs (M, *obs_shape); actions (M, ...); logprobs, values, advantages, returns (M,).
     ``logprobs`` and ``values`` are the behaviour policy's; ``advantages`` and
-    ``returns`` (the critic's targets) come from the algorithm's ``prepare``.
+    ``returns`` (the critic's targets) come from the algorithm's ``prepare``. Decoupled
+    PPO replaces ``logprobs`` by the proximal policy's and sets ``weights`` (M,), the
+    corrected pi_prox / pi_behave of each transition.
     """
 
     obs: torch.Tensor
@@ -42,15 +44,15 @@ class TransitionBatch:
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    weights: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return int(self.obs.shape[0])
 
     def rows(self, index: torch.Tensor) -> TransitionBatch:
-        return TransitionBatch(
-            **{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)}
-        )
+        fields = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return TransitionBatch(*(None if x is None else x[index] for x in fields))
 
 
 LossFn = Callable[[dict[str, torch.Tensor], TransitionBatch], tuple[torch.Tensor, dict[str, Any]]]
@@ -65,6 +67,16 @@ class PolicyTrainEngine(Optimized):
         kwargs.setdefault("eps", 1e-5)
         super().__init__(policy, fused=True, **kwargs)
         self.seed = seed
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """``clip_grad_norm_``'s arithmetic in four ops (its device grouping and checks
+        cost more than a small policy's norms)."""
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
 
     def forward(self, batch: TransitionBatch) -> dict[str, torch.Tensor]:
         """logprobs, entropy, values (M,) of the batch's actions under the current policy."""
@@ -105,7 +117,8 @@ class PolicyTrainEngine(Optimized):
                 perm = torch.randperm(batch.size, generator=g).to(self.device)
                 minibatches = [batch.rows(index) for index in perm.tensor_split(num_minibatches)]
             for mini in minibatches:
-                self.optimizer.zero_grad(set_to_none=True)
+                for p in self.trainable:  # zero_grad(set_to_none=True), minus its overhead
+                    p.grad = None
                 loss, metrics = loss_fn(self.forward(mini), mini)
                 loss.backward()
                 grad_norm = self.step_optimizer()
