@@ -17,7 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-# the pre-RL stages' sections, and the base of every section
+# sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
+from streamrl.config_runtime import RuntimeConfig
+from streamrl.config_selection import SelectionConfig
 from streamrl.config_stages import ALoLConfig, DPOConfig, LRSchedule, SFTConfig, _Section
 
 
@@ -176,7 +178,7 @@ class AlgorithmConfig(_Section):
     decoupled: bool = Field(
         True,
         description="Decoupled PPO (AReaL): clip against the proximal policy (current "
-        "weights before the update), weight by pi_prox/pi_behave.",
+        "weights before the update), weight by pi_prox/pi_behave; gae: stale env steps.",
     )
     behave_imp_weight_cap: float | None = Field(
         None, description="Mask tokens whose pi_prox/pi_behave exceeds this."
@@ -304,55 +306,6 @@ class EvalConfig(_Section):
     )
 
 
-class RuntimeConfig(_Section):
-    backend: Literal["local", "process", "ray"] = Field(
-        "local",
-        description="Where rollout workers run: 'local' (threads of this process; "
-        "breakpoint() works), 'process' (subprocesses, weights in shared memory) or 'ray' "
-        "(Ray actors for the workers and the trainer; needs streamrl[ray]).",
-    )
-    placement: Literal["colocated", "disaggregated"] = Field(
-        "disaggregated",
-        description="'disaggregated': each rollout worker owns rollout_threads cores and the "
-        "trainer the rest; generation runs while the trainer trains. 'colocated': both "
-        "time-share all cores; generation pauses while the trainer trains.",
-    )
-    num_rollout_workers: int = Field(1, ge=1, description="Rollout workers (each has an engine).")
-    rollout_threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch threads (and pinned cores) per rollout worker. Default: 1 when "
-        "disaggregated, all cores when colocated.",
-    )
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="Trainer torch threads. Default: all cores for SFT and evaluation; "
-        "during RL, the cores left by the rollout workers (disaggregated) or all (colocated).",
-    )
-    pin_cpus: bool = Field(
-        True,
-        description="Disaggregated process/ray workers and trainer are pinned to disjoint cores.",
-    )
-    device: str = Field("cpu", description="'cpu', 'cuda' or 'auto'.")
-    ray_address: str | None = Field(
-        None,
-        description="Ray cluster to join ('auto', 'HOST:PORT'); default: start a local instance.",
-    )
-    worker_timeout_s: float = Field(
-        60.0, gt=0, description="A rollout worker silent this long is declared lost and replaced."
-    )
-    max_worker_restarts: int = Field(
-        3, ge=0, description="Lost rollout workers replaced before the run fails with an error."
-    )
-    max_trainer_restarts: int = Field(
-        2,
-        ge=0,
-        description="runtime.backend=ray: times a dead trainer actor is restarted from "
-        "the latest checkpoint before the run fails with an error naming the cause.",
-    )
-
-
 class EndpointConfig(_Section):
     """The OpenAI-compatible endpoint for external agents (``streamrl serve``)."""
 
@@ -421,6 +374,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     alol: ALoLConfig = Field(default_factory=ALoLConfig)
@@ -428,8 +382,7 @@ class Config(_Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-    # Checks that need the registries (reward, algorithm and episode names, reward
-    # options) run in streamrl.preflight before anything is written.
+    # checks that need the registries (reward, algorithm, episode names) run in preflight
 
 
 # ---------------------------------------------------------------- loading

@@ -37,8 +37,8 @@ import torch
 
 from streamrl.algorithms import sft_loss
 from streamrl.backends import RolloutPool, make_backend, plan_placement
+from streamrl.backends.placement import AutoPlacement, available_cpus
 from streamrl.backends.placement import apply as apply_placement
-from streamrl.backends.placement import available_cpus
 from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.checkpoint import (
     Checkpoint,
@@ -49,6 +49,7 @@ from streamrl.checkpoint import (
     set_rng_state,
 )
 from streamrl.config import Config
+from streamrl.data.selection import build_selector
 from streamrl.engines.factory import make_train_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
@@ -71,6 +72,9 @@ class RunResult:
     run_dir: Path
     summary: dict
     trainer: TrainEngine | None  # None when the trainer ran in a Ray actor
+
+
+AUTO_TIMES = ("step", "wait_batch", "update")  # what runtime.placement=auto compares
 
 
 def set_threads(cfg: Config) -> None:
@@ -431,6 +435,7 @@ class Session:
             worker_timeout_s=cfg.runtime.worker_timeout_s,
             max_consecutive_failures=cfg.rollout.max_consecutive_failures,
             logger=self.run.log,
+            selector=build_selector(cfg.selection, cfg.rollout.group_size),
         )
 
     def rl_loop(
@@ -445,7 +450,9 @@ class Session:
         update, publish. Returns the last row (logged once the final evaluation is in)."""
         cfg, trainer, algo, run = self.cfg, self.trainer, self.algo, self.run
         colocated, partial = placement.colocated, cfg.rollout.partial_rollouts
+        auto = AutoPlacement(cfg.runtime.placement == "auto")
         steps, row = cfg.train.steps, {}
+        all_cpus = tuple(available_cpus())  # before the trainer is pinned to its share
         pool.start()
         apply_placement(placement.trainer_cpus, placement.trainer_threads)
         try:
@@ -484,6 +491,17 @@ class Session:
                             pool.hold(False)
                             pool.resume()
                 row = recorder.row(step, groups, batch, train_metrics, timer.seconds, stream, pool)
+                change = auto.observe(*(timer.seconds[f"time/{k}"] for k in AUTO_TIMES))
+                if change is not None:  # runtime.placement=auto measured and chose
+                    colocated = change
+                    everything = all_cpus if placement.trainer_cpus else None
+                    apply_placement(
+                        everything if colocated else placement.trainer_cpus,
+                        len(all_cpus) if colocated else placement.trainer_threads,
+                    )
+                row["placement/time_shared"] = float(colocated)
+                if auto.decision:
+                    self.summary["placement_auto"] = auto.decision
                 phase = self.phase_ends.get(step)  # e.g. the end of offline pre-training
                 if (cfg.eval.every and step % cfg.eval.every == 0 and step < steps) or phase:
                     if colocated:
@@ -514,7 +532,7 @@ class Session:
         finally:
             pool.stop()
             stream.close()
-            apply_placement(tuple(available_cpus()) if placement.trainer_cpus else None, 1)
+            apply_placement(all_cpus if placement.trainer_cpus else None, 1)
         return row
 
     def _rl_state(self, pool: Any, recorder: StepMetrics) -> dict[str, Any]:

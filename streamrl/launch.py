@@ -125,7 +125,10 @@ def run_on_ray(
     if run_dir is None:  # the driver names the directory, so a restart can find it
         run_dir = make_run_dir(cfg.run.output_dir, cfg.run.name or default_run_name(cfg.seed))
     run_dir = run_dir.resolve()
-    cls = ray.remote(num_cpus=trainer_cpus, max_restarts=0, max_concurrency=2)(_TrainerActor)
+    gpus = cfg.runtime.num_gpus
+    cls = ray.remote(num_cpus=trainer_cpus, num_gpus=gpus, max_restarts=0, max_concurrency=2)(
+        _TrainerActor
+    )
     restarts = 0
     with stop:
         while True:
@@ -173,6 +176,6 @@ def _wait_scheduled(ray: Any, actor: Any, cpus: float, timeout: float) -> None:
         ray.get(actor.ready.remote(), timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise RuntimeError(
-            f"the Ray trainer actor (num_cpus={cpus}) was not scheduled within "
+            f"the Ray trainer actor (num_cpus={cpus}, runtime.num_gpus) was not scheduled within "
             f"{timeout:.0f}s; cluster resources: {ray.available_resources()}"
         ) from None

@@ -19,7 +19,8 @@ Reports (worker -> pool)::
 Every item a worker receives is reported exactly once, as ``GroupDone`` or
 ``GroupRejected``. ``reward_sum / scored`` is the reward of every scored sample,
 before any filtering (dynamic sampling biases consumed batches towards mixed groups).
-``episode_metrics`` sums per-episode counters (turns, tool calls, ...) over the group.
+``episode_metrics`` sums per-episode counters (turns, tool calls, ...) over the group;
+``rewards`` are the ``group_size`` samples' rewards (what prompt selection learns from).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class GroupDone:
     reward_sum: float
     scored: int
     episode_metrics: dict[str, float] = field(default_factory=dict)
+    rewards: tuple[float, ...] = ()  # each sample's reward, for prompt selection
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class GroupRejected:
     reward_sum: float = 0.0
     scored: int = 0
     episode_metrics: dict[str, float] = field(default_factory=dict)
+    rewards: tuple[float, ...] = ()  # each sample's reward when scored (prompt selection)
 
 
 @dataclass(frozen=True)

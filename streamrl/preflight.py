@@ -20,6 +20,7 @@ from streamrl.algorithms import Algorithm, build_algorithm
 from streamrl.config import Config
 from streamrl.data import TaskSource, build_task_source
 from streamrl.data.logged import load_completions, load_preferences
+from streamrl.data.selection import all_equal_probability
 from streamrl.episodes import episode_kinds
 from streamrl.models.loading import check_model_source
 from streamrl.rewards import CompositeReward, build_reward, get_reward, reward_names
@@ -75,6 +76,36 @@ def check_output_dir(output_dir: str) -> None:
         ) from None
 
 
+def check_gpus(cfg: Config) -> None:
+    """runtime.num_gpus asks Ray for GPUs: only with the ray backend, a CUDA device, and
+    (on a local instance) a machine that has that many."""
+    rt = cfg.runtime
+    if rt.num_gpus == 0:
+        if rt.backend == "ray" and rt.device.startswith("cuda"):
+            raise PreflightError(
+                f"runtime.device={rt.device} with runtime.backend=ray needs runtime.num_gpus > 0: "
+                "Ray hides the GPUs from actors that ask for none (e.g. runtime.num_gpus=0.5 "
+                "for a trainer and one rollout worker on one GPU)"
+            )
+        return
+    if rt.backend != "ray":
+        raise PreflightError(
+            f"runtime.num_gpus={rt.num_gpus} is a Ray resource request, but "
+            f"runtime.backend={rt.backend}; set runtime.backend=ray or runtime.num_gpus=0"
+        )
+    if rt.device == "cpu":
+        raise PreflightError(
+            f"runtime.num_gpus={rt.num_gpus} with runtime.device=cpu: the actors would hold "
+            "GPUs and not use them; set runtime.device=cuda"
+        )
+    have = torch.cuda.device_count()
+    if rt.ray_address is None and have < min(rt.num_gpus, 1.0):
+        raise PreflightError(
+            f"runtime.num_gpus={rt.num_gpus}: the local Ray instance would offer {have} GPUs "
+            "(torch.cuda.device_count()), so no actor could be scheduled"
+        )
+
+
 def check_device(device: str) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PreflightError(
@@ -128,6 +159,27 @@ def check_data(cfg: Config, source: TaskSource) -> list[Item]:
     return heldout
 
 
+def check_selection(cfg: Config) -> None:
+    """Prompt selection's threshold lies above the prior's own P(all equal): otherwise a
+    prompt seen once could never come back, however far its evidence decayed."""
+    sel = cfg.selection
+    if sel.kind == "none":
+        return
+    if cfg.endpoint.enabled:
+        raise PreflightError(
+            f"selection.kind={sel.kind} needs a task source, but endpoint.enabled=true: "
+            "external agents bring their own prompts; set selection.kind=none"
+        )
+    g = cfg.rollout.group_size
+    prior = all_equal_probability(sel.prior_alpha, sel.prior_beta, g)
+    if sel.threshold <= prior:
+        raise PreflightError(
+            f"selection.threshold={sel.threshold} must be above {prior:.4f}, the prior "
+            f"Beta({sel.prior_alpha}, {sel.prior_beta})'s P(all {g} samples equal) "
+            "(rollout.group_size): a skipped prompt could never come back"
+        )
+
+
 def check_offline_stages(cfg: Config) -> None:
     """The DPO and A-LoL stages that are on have a readable, well-formed file (a bad row
     is a DataError naming file, line and field), and DPO's pairs fit in micro-batches."""
@@ -150,6 +202,7 @@ def check_offline_stages(cfg: Config) -> None:
 def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     """Run every check; returns the built inputs. Raises PreflightError (or the data
     source's DataError, which names file and line)."""
+    check_gpus(cfg)  # first: a ray/cuda mismatch is the config's fault on any machine
     check_device(cfg.runtime.device)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
@@ -176,6 +229,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     heldout = check_data(cfg, source)
     check_domains(cfg, source)
     check_offline_stages(cfg)
+    check_selection(cfg)
     if output_dir:
         check_output_dir(cfg.run.output_dir)
     return Inputs(source, build_reward(cfg.reward), heldout, algorithm)

@@ -170,8 +170,9 @@ async def rollout_group(
             )
     samples, rest = trajectories[:group_size], trajectories[group_size:]
     extras = {x.name: t for x, t in zip(algorithm.extra_rollouts, rest, strict=True)}
-    reward_sum, n = sum(t.reward for t in samples), len(samples)
+    rewards = tuple(float(t.reward) for t in samples)
+    reward_sum, n = sum(rewards), len(samples)
     kept = algorithm.finish_group(samples, extras)
     if isinstance(kept, Filtered):
-        return GroupRejected(index, "filtered", kept.reason, "", reward_sum, n, metrics)
-    return GroupDone(index, tuple(kept), reward_sum, n, metrics)
+        return GroupRejected(index, "filtered", kept.reason, "", reward_sum, n, metrics, rewards)
+    return GroupDone(index, tuple(kept), reward_sum, n, metrics, rewards)

@@ -3,7 +3,8 @@
 A row of ``metrics.jsonl`` holds: the trainer's loss diagnostics; the batch's
 reward, accuracy and response length; staleness (min/mean/max and the count of
 groups at each lag); tokens carried across weight updates; stage times
-``time/*``; the stream's accounting ``stream/*``; the rollout side's mean reward
+``time/*``; the stream's accounting ``stream/*``; prompt selection's ``selection/*``
+(items skipped before issue); the rollout side's mean reward
 over every scored sample and summed per-episode counters; weight publish and
 sync times; and throughput.
 """
@@ -53,6 +54,7 @@ class StepMetrics:
         m.update(staleness_metrics(groups, step - 1))  # the version that consumed the batch
         m.update(timings)
         m.update(stream.stats.as_metrics())
+        m.update(pool.selection_metrics())
         m.update(pool.pop_rollout_stats())
         m["rollout/engine_steps"] = float(
             sum(v for k, v in pool.total_engine_stats().items() if k in ENGINE_WORK)
@@ -146,6 +148,7 @@ class StepMetrics:
             "rl_wait_batch_s": self.waited,
             "engine": pool.total_engine_stats(),
             **stream.stats.as_metrics(),
+            **pool.selection_metrics(),
         }
         for key, values in (
             ("weight_sync_latency_s_mean", list(pool.sync_latency.values())),

@@ -292,6 +292,11 @@ class SampleStream:
         with self._cond:
             return len(self._outstanding)
 
+    def outstanding_indices(self) -> set[int]:
+        """The items issued and not yet ended (ready ones included)."""
+        with self._cond:
+            return set(self._outstanding)
+
     def check_accounting(self) -> None:
         """Every issued item is consumed, filtered, failed, or still outstanding."""
         with self._cond:

@@ -20,6 +20,8 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "streamrl",
             "streamrl.config",
             "streamrl.config_stages",
+            "streamrl.config_runtime",
+            "streamrl.config_selection",
             "streamrl.types",
             "streamrl.messages",
             "streamrl.timing",

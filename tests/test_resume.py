@@ -177,9 +177,14 @@ def _check_books(run_dir: Path, steps: int, items_per_step: int, eta: int) -> di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["local", "process"])
-def test_eta0_kill_and_resume_leaves_bit_identical_weights(tmp_path: Path, backend: str) -> None:
-    args = ("stream.max_staleness=0", f"runtime.backend={backend}")
+@pytest.mark.parametrize(
+    "backend, selection", [("local", "none"), ("process", "none"), ("local", "posterior")]
+)
+def test_eta0_kill_and_resume_leaves_bit_identical_weights(
+    tmp_path: Path, backend: str, selection: str
+) -> None:
+    # selection=posterior: prompt selection skips items, and its posterior is checkpointed
+    args = ("stream.max_staleness=0", f"runtime.backend={backend}", f"selection.kind={selection}")
     full = subprocess.run(
         [sys.executable, "-m", "streamrl.cli", "train", *_args(tmp_path, "full", *args)],
         cwd=ROOT,
@@ -198,6 +203,8 @@ def test_eta0_kill_and_resume_leaves_bit_identical_weights(tmp_path: Path, backe
     summary = _check_books(tmp_path / "killed", 16, 4, eta=0)
     full_summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["stream/issued"] == full_summary["stream/issued"]
+    if selection != "none":
+        assert summary["selection/skipped"] == full_summary["selection/skipped"] > 0
 
 
 @pytest.mark.slow

@@ -83,6 +83,7 @@ def make_backend(
         worker_cpus=placement.worker_cpus,
         threads=placement.worker_threads,
         num_cpus=0 if placement.colocated else placement.worker_threads,
+        num_gpus=cfg.runtime.num_gpus,
         poll_timeout_s=cfg.runtime.worker_timeout_s,
         version=version,
     )

@@ -17,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from streamrl.data.selection import PromptSelector
 from streamrl.messages import GroupDone, GroupRejected
 
 START_TIMEOUT_S = 180.0  # silence allowed before a (re)started worker's first report
@@ -43,6 +44,7 @@ class PoolBooks:
         self.publish_s: dict[int, float] = {}
         self._reward_sum, self._reward_n = 0.0, 0
         self._episode_metrics: Counter[str] = Counter()  # summed episode metrics
+        self.selector: PromptSelector | None = None  # prompt selection, where items are drawn
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -74,6 +76,10 @@ class PoolBooks:
             self._reward_sum += msg.reward_sum
             self._reward_n += msg.scored
             self._episode_metrics.update(msg.episode_metrics)
+
+    def selection_metrics(self) -> dict[str, float]:
+        """``selection/*`` counters of prompt selection (none without a selector)."""
+        return self.selector.metrics() if self.selector is not None else {}
 
     def total_engine_stats(self) -> dict[str, float]:
         """The inference engines' counters, summed."""

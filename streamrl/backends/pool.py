@@ -16,6 +16,11 @@ episodes keep failing (a broken reward, a bad data file) stops after
 ``max_consecutive_failures`` failed items in a row with an error quoting the first
 failure; failures also reach the console, at most one line per ``WARN_EVERY_S``.
 
+Prompt selection (``selector``, :mod:`streamrl.data.selection`) sits where items are
+drawn for issue: a skipped item is drawn from the task source (it counts in ``drawn``,
+the source's position) but never gets an index, so it is never issued and the stream's
+books do not see it. Every backend and a resume share this one path.
+
 Weight publication is timed twice: ``publish_s`` is what the trainer spends
 making the weights available; ``latency_s`` runs until every live worker has
 reported the new version (its engine loaded it between two decode steps).
@@ -35,6 +40,7 @@ import torch
 
 from streamrl.backends.base import Backend, WorkerLost
 from streamrl.backends.books import START_TIMEOUT_S, EpisodesFailing, PoolBooks, WorkersUnreachable
+from streamrl.data.selection import PromptSelector
 from streamrl.messages import (
     Command,
     GroupDone,
@@ -67,8 +73,10 @@ class RolloutPool(PoolBooks):
         max_consecutive_failures: int = 0,
         interval_s: float = 0.002,
         logger: logging.Logger | None = None,
+        selector: PromptSelector | None = None,
     ) -> None:
         super().__init__()
+        self.selector = selector  # None: every drawn item is issued
         self.backend, self.stream, self.items = backend, stream, items
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
@@ -108,18 +116,23 @@ class RolloutPool(PoolBooks):
     # ------------------------------------------------------------ checkpoints
 
     def _publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        if self.selector is not None:  # before any item can be admitted at ``version``
+            self.selector.advance(version, self.stream.outstanding_indices())
         self.backend.publish(state_dict, version)
 
     def checkpoint(self) -> tuple[dict, list[tuple[int, str, str]]]:
         """(state, ledger): the stream's books and every issued but unconsumed item, the
-        task source's position and the pool's counters, taken in one atomic step with
-        the stream's ledger of item endings since the last drain."""
+        task source's position, the pool's counters and the prompt selector's posterior,
+        taken in one atomic step with the stream's ledger of item endings since the last
+        drain."""
         with self._lock:
             state, ledger = self.stream.checkpoint()
             keep = set(state["outstanding"])
             self._items = {i: it for i, it in self._items.items() if i in keep}
             state["items"] = [copy.deepcopy(self._items[i]) for i in sorted(keep)]
             state.update(drawn=self.drawn, restarts=self.restarts, reissued=self.reissued)
+            if self.selector is not None:
+                state["selection"] = self.selector.state_dict(outstanding=keep)
         return state, ledger
 
     def restore(self, state: dict) -> None:
@@ -134,6 +147,8 @@ class RolloutPool(PoolBooks):
             state["restarts"],
             state["reissued"],
         )
+        if self.selector is not None and "selection" in state:
+            self.selector.load_state_dict(state["selection"])
 
     # ------------------------------------------------------------ trainer-side calls
 
@@ -203,8 +218,11 @@ class RolloutPool(PoolBooks):
                 self.engine_stats[w] = msg.engine_stats
                 self._note_sync(now)
             elif isinstance(msg, GroupDone | GroupRejected):
-                if self.inflight[w].pop(msg.item_index, None) is None:
+                item = self.inflight[w].pop(msg.item_index, None)
+                if item is None:
                     continue  # a late report of an item already re-issued elsewhere
+                if self.selector is not None:  # before the stream may end the item
+                    self.selector.observe(msg.item_index, item.id, msg.rewards)
                 self._add_rollout_stats(msg)
                 self._note_failure(msg)
                 if isinstance(msg, GroupDone):
@@ -305,8 +323,7 @@ class RolloutPool(PoolBooks):
             room = chunk - len(items)
             if room:
                 for index in self.stream.admit(self.versions[w], room, timeout=0):
-                    item = next(self.items)
-                    self.drawn += 1
+                    item = self._draw()
                     item.index = index
                     self._items[index] = item
                     items.append(item)
@@ -318,3 +335,12 @@ class RolloutPool(PoolBooks):
                     self.backend.send(w, StartItems(tuple(items)))
                 sent = True
         return sent
+
+    def _draw(self) -> Item:
+        """The next item of the task source the selector accepts (skipped ones are drawn,
+        counted in ``selection/skipped``, and never issued)."""
+        while True:
+            item = next(self.items)
+            self.drawn += 1
+            if self.selector is None or self.selector.accept(item):
+                return item

@@ -108,6 +108,7 @@ class RayBackend:
         worker_cpus: tuple[tuple[int, ...] | None, ...],
         threads: int,
         num_cpus: float,
+        num_gpus: float = 0.0,
         poll_timeout_s: float = 30.0,
         version: int = 0,
     ) -> None:
@@ -115,7 +116,7 @@ class RayBackend:
         self.spec, self.num_workers = spec, num_workers
         self.worker_cpus, self.threads = worker_cpus, threads
         self.poll_timeout_s = poll_timeout_s
-        self._cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(_RolloutActor)
+        self._cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(_RolloutActor)
         self._weights = (ray.put(_to_object_store(initial_weights)), version)
         self.actors: list[Any] = [None] * num_workers
         self._why: dict[int, str] = {}

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -75,6 +76,12 @@ def slot_attention(
         )
     return slot_cache.attend(module.layer_idx, query, key, value, scaling), None
 
+
+# Not cuDNN's attention: on CUDA it is what sdpa picks for bf16 with a mask, and it costs
+# ~0.9 ms of host time per call (an H100, SmolLM2 shape: 874 us x 30 layers per decode
+# step, 4x slower than fp32; benchmarks/gpu/profile_engine.py). Flash / memory-efficient
+# / math kernels have no such per-call cost; on CPU this changes nothing.
+ENGINE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 AttentionInterface.register(ATTN_IMPL, slot_attention)
 AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
@@ -274,16 +281,17 @@ class LlamaSlotRunner:
         ids, pos, last = self._layout(n, tokens, prefills)
         h = self.embed(ids)  # (1, T, E)
         pe = self.rotary(h, pos)  # (cos, sin), each (1, T, D), shared by all layers
-        for layer in self.layers:
-            h = layer(
-                h,
-                attention_mask=None,
-                position_ids=pos,
-                position_embeddings=pe,
-                slot_cache=self.cache,
-            )
-            if isinstance(h, tuple):  # older transformers return (hidden, ...)
-                h = h[0]
+        with sdpa_kernel(ENGINE_SDPA_BACKENDS):
+            for layer in self.layers:
+                h = layer(
+                    h,
+                    attention_mask=None,
+                    position_ids=pos,
+                    position_embeddings=pe,
+                    slot_cache=self.cache,
+                )
+                if isinstance(h, tuple):  # older transformers return (hidden, ...)
+                    h = h[0]
         out_rows = torch.tensor(decode_slots + last, device=self.device)
         logits = self.lm_head(self.norm(h[0, out_rows])).float()  # head only on sampled rows
         self._advance(n, prefills)

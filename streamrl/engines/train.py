@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from streamrl.engines.kv_cache import LLAMA_FAMILY
 from streamrl.engines.optim import Optimized
 from streamrl.types import Batch
 
@@ -83,7 +84,7 @@ def token_logprobs_and_entropy(
 
 # Causal LMs whose ``logits`` are exactly ``lm_head(model.model(...).last_hidden_state)``
 # (no soft-capping or scaling after the head), so the head may run on chosen rows only.
-_PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_PLAIN_HEAD = frozenset(LLAMA_FAMILY)
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:

@@ -1,0 +1,51 @@
+"""Config section of difficulty-aware prompt selection (``selection.*``), assembled into
+``Config`` by :mod:`streamrl.config`; the selector itself is :mod:`streamrl.data.selection`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from streamrl.config_stages import _Section
+
+
+class SelectionConfig(_Section):
+    """Skip prompts whose next group is predicted to be all-equal (MoPPS/VADE-style): a
+    Beta-Bernoulli posterior over each prompt's success rate, keyed by the item id."""
+
+    kind: Literal["none", "posterior"] = Field(
+        "none",
+        description="'none': issue every drawn item; 'posterior': skip (never issue) an item "
+        "when its posterior P(all group_size outcomes equal) exceeds selection.threshold.",
+    )
+    prior_alpha: float = Field(
+        1.0, gt=0, description="Beta prior's alpha (pseudo-successes) of every prompt."
+    )
+    prior_beta: float = Field(
+        1.0, gt=0, description="Beta prior's beta (pseudo-failures) of every prompt."
+    )
+    threshold: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Skip when P(all equal) = E[p^G + (1-p)^G] under the posterior is above "
+        "this; must exceed the prior's own value (2/(G+1) for Beta(1,1)), so fresh prompts run.",
+    )
+    decay: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Evidence k trainer steps old weighs decay^k (the policy improves): a "
+        "skipped prompt drifts back to the prior and is tried again; 1 = never forget.",
+    )
+    success_threshold: float = Field(
+        0.5, description="A sample counts as a success when its reward is above this."
+    )
+    max_skips_in_a_row: int = Field(
+        100,
+        ge=1,
+        description="After this many skips in a row the next item is issued anyway "
+        "(counted as selection/forced), so a source of only easy prompts cannot stall.",
+    )
