@@ -62,7 +62,8 @@ def base_model():
     return tiny_model()
 
 
-def test_compute_logprobs_matches_manual_log_softmax(base_model):
+def test_compute_logprobs_matches_manual_log_softmax(base_model, monkeypatch):
+    monkeypatch.setattr("streamrl.engines.train.HEAD_ON_TARGETS_MIN_VOCAB", 0)
     batch = make_batch()
     engine = TrainEngine(copy.deepcopy(base_model), micro_batch_sequences=2)
     got = engine.compute_logprobs(batch)
@@ -80,12 +81,14 @@ def test_compute_logprobs_matches_manual_log_softmax(base_model):
     assert (got[:, 1:][~targets] == 0).all()
     # a frozen reference model goes through the same code
     torch.testing.assert_close(engine.compute_logprobs(batch, model=base_model), got)
-    # and the full head gives every real position
+    # the full head gives every real position: when asked, and for small vocabularies
     full = TrainEngine(copy.deepcopy(base_model), micro_batch_sequences=2, head_on_targets=False)
     real = batch.attention_mask[:, 1:]
     torch.testing.assert_close(
         full.compute_logprobs(batch)[:, 1:][real], manual[real], atol=1e-5, rtol=0
     )
+    monkeypatch.setattr("streamrl.engines.train.HEAD_ON_TARGETS_MIN_VOCAB", 33)
+    torch.testing.assert_close(engine.compute_logprobs(batch), full.compute_logprobs(batch))
 
 
 def test_compute_logprobs_runs_in_eval_mode():
@@ -131,9 +134,10 @@ def test_micro_batch_accumulation_equals_one_piece(base_model, params):
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], abs=1e-6)
 
 
-def test_head_on_loss_tokens_only_gives_the_full_heads_gradient(base_model):
+def test_head_on_loss_tokens_only_gives_the_full_heads_gradient(base_model, monkeypatch):
     """The head on the loss tokens alone (the default) and on every position give the
     same loss, metrics and gradients, the entropy bonus's gradient included."""
+    monkeypatch.setattr("streamrl.engines.train.HEAD_ON_TARGETS_MIN_VOCAB", 0)
     batch = make_batch()
     loss_fn = make_rl_loss_fn("ppo_clip", PolicyLossParams(), kl_coef=0.1, entropy_coef=0.05)
     assert loss_fn.needs_entropy

@@ -85,6 +85,9 @@ def token_logprobs_and_entropy(
 # Causal LMs whose ``logits`` are exactly ``lm_head(model.model(...).last_hidden_state)``
 # (no soft-capping or scaling after the head), so the head may run on chosen rows only.
 _PLAIN_HEAD = frozenset(LLAMA_FAMILY)
+# Below this vocabulary size the head runs on every position: its FLOPs are negligible
+# there, and the one-piece forward keeps the tiny models' numerics (and runs) unchanged.
+HEAD_ON_TARGETS_MIN_VOCAB = 4096
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
@@ -207,6 +210,8 @@ class TrainEngine(Optimized):
         ``head_on_targets`` and a plain-head model, logprobs and entropy are computed
         on the loss tokens only (0 elsewhere)."""
         parts = _decoder_and_head(model) if self.head_on_targets else None
+        if parts is not None and parts[1].weight.shape[0] < HEAD_ON_TARGETS_MIN_VOCAB:
+            parts = None  # a small vocabulary's head costs little: keep the one-piece forward
         if parts is not None:
             decoder, head = parts
             hidden = decoder(
