@@ -61,6 +61,21 @@ def _trimmed_length(attention_mask: torch.Tensor) -> int:
     return int(real.max()) + 1 if real.numel() else 1
 
 
+def _logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, *, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits (..., V), targets (...) -> log p(target) (...) and the entropy (...) | None,
+    in float32. Without ``entropy_grad`` the entropy is computed outside autograd."""
+    logits = logits.float()
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+        # H = -sum p log p = lse - sum p * logits
+        return logp, lse - (logits.softmax(-1) * logits).sum(-1)
+
+
 def token_logprobs_and_entropy(
     logits: torch.Tensor, input_ids: torch.Tensor, *, with_entropy: bool, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -70,16 +85,11 @@ def token_logprobs_and_entropy(
     context and gets 0 (it is never a loss token). Computed in float32. Without
     ``entropy_grad`` the entropy is computed outside autograd (metrics only).
     """
-    logits = logits[:, :-1].float()  # (n, T-1, V): logits at t-1 predict token t
-    lse = logits.logsumexp(-1)  # (n, T-1)
-    logp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - lse
-    logp = F.pad(logp, (1, 0))
-    if not with_entropy:
-        return logp, None
-    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-        # H = -sum p log p = lse - sum p * logits
-        entropy = lse - (logits.softmax(-1) * logits).sum(-1)
-    return logp, F.pad(entropy, (1, 0))
+    # logits at t-1 predict token t
+    logp, entropy = _logprobs_and_entropy(
+        logits[:, :-1], input_ids[:, 1:], with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
+    return F.pad(logp, (1, 0)), None if entropy is None else F.pad(entropy, (1, 0))
 
 
 # Causal LMs whose ``logits`` are exactly ``lm_head(model.model(...).last_hidden_state)``
@@ -91,12 +101,15 @@ HEAD_ON_TARGETS_MIN_VOCAB = 4096
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
-    """(decoder, lm_head) of a plain-head causal LM (LoRA-wrapped or not), else None."""
+    """(decoder, lm_head) of a plain-head causal LM (LoRA-wrapped or not) whose head is
+    worth running on the loss tokens alone, else None."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(getattr(base, "config", None), "model_type", None) not in _PLAIN_HEAD:
         return None
     decoder, head = getattr(base, "model", None), base.get_output_embeddings()
-    return None if decoder is None or head is None else (decoder, head)
+    if decoder is None or head is None or head.weight.shape[0] < HEAD_ON_TARGETS_MIN_VOCAB:
+        return None  # a small vocabulary's head costs little: keep the one-piece forward
+    return decoder, head
 
 
 def target_logprobs_and_entropy(
@@ -114,17 +127,19 @@ def target_logprobs_and_entropy(
     completion of 5, that skips ~90% of the (tokens x vocabulary) head."""
     n, t = input_ids.shape
     sel = targets[:, 1:]  # token t is predicted from position t - 1
-    logits = head(hidden[:, :-1][sel]).float()  # (K, V)
-    lse = logits.logsumexp(-1)
-    lp = logits.gather(-1, input_ids[:, 1:][sel][:, None]).squeeze(-1) - lse
+    # (K,) each, K = the loss tokens
+    lp, ent = _logprobs_and_entropy(
+        head(hidden[:, :-1][sel]),
+        input_ids[:, 1:][sel],
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+    )
     zeros = lp.new_zeros(n, t - 1)
-    logp = F.pad(zeros.masked_scatter(sel, lp), (1, 0))
-    if not with_entropy:
-        return logp, None
-    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-        ent = lse - (logits.softmax(-1) * logits).sum(-1)
-        entropy = F.pad(zeros.masked_scatter(sel, ent), (1, 0))
-    return logp, entropy
+
+    def spread(x: torch.Tensor) -> torch.Tensor:  # (K,) -> (n, T), 0 off the loss tokens
+        return F.pad(zeros.masked_scatter(sel, x), (1, 0))
+
+    return spread(lp), None if ent is None else spread(ent)
 
 
 class TrainEngine(Optimized):
@@ -210,8 +225,6 @@ class TrainEngine(Optimized):
         ``head_on_targets`` and a plain-head model, logprobs and entropy are computed
         on the loss tokens only (0 elsewhere)."""
         parts = _decoder_and_head(model) if self.head_on_targets else None
-        if parts is not None and parts[1].weight.shape[0] < HEAD_ON_TARGETS_MIN_VOCAB:
-            parts = None  # a small vocabulary's head costs little: keep the one-piece forward
         if parts is not None:
             decoder, head = parts
             hidden = decoder(
