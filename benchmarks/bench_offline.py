@@ -10,7 +10,11 @@ Both sides train on every transition of the dataset for ``--steps`` gradient ste
 ``--batch`` transitions, with the same networks (two hidden layers of 256 ReLU units
 in d3rlpy, of 256 tanh units in streamrl's policy; twin Q and V of 256 ReLU units),
 the same hyperparameters (IQL: expectile 0.7, beta 3, max weight 100, tau 0.005,
-lr 3e-4; BC: lr 1e-3) and one torch thread. Both final policies are scored by the same
+lr 3e-4; BC: lr 1e-3) and one torch thread. ``--reward-scale c`` multiplies IQL's rewards
+by c on both sides (streamrl: ``algorithm.reward_scale``; d3rlpy: its
+``MultiplyRewardScaler``). For Box actions d3rlpy gets a ``MinMaxActionScaler`` to the
+environment's bounds: its policies end in tanh, so without it they can only play actions
+in [-1, 1] (Pendulum's torque is in [-2, 2]). Both final policies are scored by the same
 function: the mean return of ``--eval-episodes`` deterministic episodes from seeds
 10_000 + i. Wall time is training only (streamrl: its RL stage, stream and controller
 included; d3rlpy: ``fit``). d3rlpy has no discrete IQL, so CartPole compares BC only.
@@ -63,14 +67,17 @@ def evaluate(act: Any, env_id: str, episodes: int) -> float:
     return float(np.mean(returns))
 
 
-def run_streamrl(algo: str, dataset_id: str, seed: int, steps: int, batch: int, out: Path):
+def run_streamrl(
+    algo: str, dataset_id: str, seed: int, steps: int, batch: int, out: Path, reward_scale: float
+):
     overrides = [
         f"seed={seed}", "model.name_or_path=mlp", f"model.options={{hidden: {HIDDEN}}}",
         "data.kind=minari", f"data.options={{dataset_id: {dataset_id}, batch_transitions: {batch}}}",
         "rollout.episode=gym", "rollout.group_size=1", f"algorithm.advantage={algo}",
         f"algorithm.q_hidden={HIDDEN}", "algorithm.gamma=0.99", "sft.steps=0",
         f"train.steps={steps}", "train.items_per_step=1", "train.max_grad_norm=1e6",
-        f"train.lr={1e-3 if algo == 'bc' else 3e-4}", "runtime.threads=1",
+        f"train.lr={1e-3 if algo == 'bc' else 3e-4}", f"algorithm.reward_scale={reward_scale}",
+        "runtime.threads=1",
         "runtime.rollout_threads=1", "eval.every=0", "eval.heldout_size=1",
         f"run.output_dir={out}", f"run.name={algo}-{seed}", "run.progress=false",
         "run.tensorboard=false", "run.checkpoint_every=0",
@@ -85,7 +92,7 @@ def run_streamrl(algo: str, dataset_id: str, seed: int, steps: int, batch: int, 
     return act, summary["rl_time_s"]
 
 
-def d3rlpy_dataset(dataset_id: str) -> tuple[Any, str, bool]:
+def d3rlpy_dataset(dataset_id: str) -> tuple[Any, str, bool, Any]:
     import d3rlpy
 
     ds = load_minari(dataset_id)
@@ -105,23 +112,30 @@ def d3rlpy_dataset(dataset_id: str) -> tuple[Any, str, bool]:
         np.concatenate(trunc).astype(np.float32),
         action_space=d3rlpy.ActionSpace.DISCRETE if discrete else d3rlpy.ActionSpace.CONTINUOUS,
     )
-    return data, ds.spec.env_spec.id, discrete
+    return data, ds.spec.env_spec.id, discrete, None if discrete else ds.spec.action_space
 
 
-def run_d3rlpy(algo: str, data: Any, discrete: bool, seed: int, steps: int, batch: int):
+def run_d3rlpy(
+    algo: str, data: Any, box: Any, seed: int, steps: int, batch: int, reward_scale: float
+):
+    """``box``: the Box action space (None for discrete actions)."""
     import d3rlpy
     from d3rlpy.logging import NoopAdapterFactory
     from d3rlpy.models.encoders import VectorEncoderFactory
+    from d3rlpy.preprocessing import MinMaxActionScaler, MultiplyRewardScaler
 
     d3rlpy.seed(seed)
     enc = VectorEncoderFactory(hidden_units=HIDDEN)
+    discrete = box is None
+    scaler = {} if discrete else {"action_scaler": MinMaxActionScaler(box.low, box.high)}
     if algo == "bc":
         cls = d3rlpy.algos.DiscreteBCConfig if discrete else d3rlpy.algos.BCConfig
-        config = cls(batch_size=batch, learning_rate=1e-3, encoder_factory=enc)
+        config = cls(batch_size=batch, learning_rate=1e-3, encoder_factory=enc, **scaler)
     elif algo == "iql" and not discrete:
         config = d3rlpy.algos.IQLConfig(
             batch_size=batch, actor_encoder_factory=enc, critic_encoder_factory=enc,
-            value_encoder_factory=enc,
+            value_encoder_factory=enc, reward_scaler=MultiplyRewardScaler(reward_scale),
+            **scaler,
         )  # fmt: skip
     else:
         raise ValueError(f"d3rlpy has no {algo} for {'discrete' if discrete else 'continuous'}")
@@ -163,30 +177,35 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5000, help="gradient steps per run")
     p.add_argument("--batch", type=int, default=256, help="transitions per gradient step")
     p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument(
+        "--reward-scale", type=float, default=1.0, help="IQL rewards x this, both libraries"
+    )
     p.add_argument("--libraries", nargs="+", default=["streamrl", "d3rlpy"])
     p.add_argument("--out", default=None, help="JSON results (default: print only)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    data, env_id, discrete = d3rlpy_dataset(args.dataset) if "d3rlpy" in args.libraries else (
-        None, load_minari(args.dataset).spec.env_spec.id, None,
+    data, env_id, discrete, box = d3rlpy_dataset(args.dataset) if "d3rlpy" in args.libraries else (
+        None, load_minari(args.dataset).spec.env_spec.id, None, None,
     )  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos:
+            scale = args.reward_scale if algo == "iql" else 1.0  # BC reads no rewards
             for seed in args.seeds:
                 for lib in args.libraries:
                     if lib == "d3rlpy" and algo == "iql" and discrete:
                         continue  # d3rlpy has no discrete IQL
                     if lib == "streamrl":
                         act, secs = run_streamrl(
-                            algo, args.dataset, seed, args.steps, args.batch, Path(tmp)
+                            algo, args.dataset, seed, args.steps, args.batch, Path(tmp), scale
                         )
                     else:
-                        act, secs = run_d3rlpy(algo, data, discrete, seed, args.steps, args.batch)
+                        act, secs = run_d3rlpy(algo, data, box, seed, args.steps, args.batch, scale)
                     ret = evaluate(act, env_id, args.eval_episodes)
                     rows.append(
-                        {"algo": algo, "library": lib, "seed": seed, "return": ret, "train_s": secs}
-                    )
+                        {"algo": algo, "library": lib, "seed": seed, "return": ret,
+                         "train_s": secs, "reward_scale": scale}
+                    )  # fmt: skip
                     print(json.dumps(rows[-1]), flush=True)
     table = summarize(rows)
     print(f"\n{args.dataset}, {args.steps} gradient steps of {args.batch}\n\n{table}")

@@ -230,6 +230,12 @@ class AlgorithmConfig(_Section):
     awr_max_weight: float = Field(
         100.0, gt=0, description="iql: cap of the advantage weights exp(beta A)."
     )
+    reward_scale: float = Field(
+        1.0,
+        gt=0,
+        description="iql: rewards times this in the TD target (IQL's reward normalisation; "
+        "beta acts on Q - V in these units, so rewards of large scale need < 1).",
+    )
     target_tau: float = Field(
         0.005, gt=0, le=1, description="iql, td3_bc: Polyak rate of the target networks."
     )

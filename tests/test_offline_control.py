@@ -81,6 +81,15 @@ def test_awr_weights_are_exp_beta_advantage_capped():
     assert capped.item() == pytest.approx(-(1 * -1 + 1.5 * -2) / 2)
 
 
+def test_awr_weight_stats_mean_cap_share_and_effective_sample_size():
+    adv = torch.tensor([0.0, math.log(2), 10.0])  # weights [1, 2, 100 (capped)]
+    s = L.awr_weight_stats(adv, beta=1.0, max_weight=100.0)
+    assert s["awr_weight_mean"] == pytest.approx(103 / 3)
+    assert s["awr_weight_capped"] == pytest.approx(1 / 3)
+    assert s["awr_ess"] == pytest.approx(103**2 / (3 * (1 + 4 + 100**2)))  # 0.3535
+    assert L.awr_weight_stats(torch.zeros(4), beta=3.0, max_weight=100.0)["awr_ess"] == 1.0
+
+
 def test_td3_target_takes_the_smaller_q_and_stops_at_termination():
     y = L.td3_target(
         torch.tensor([1.0, 1.0]), torch.tensor([False, True]),
@@ -341,6 +350,23 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
     for t0, t1, qp in zip(t_before, target.parameters(), q.parameters(), strict=True):
         assert torch.allclose(t1, 0.5 * t0 + 0.5 * qp)  # Polyak with tau 0.5
     assert "target_q" in algo.state_dict()
+
+
+def test_iql_scales_the_rewards_of_its_td_target():
+    cfg = _cfg("iql", _pendulum_dataset(), **{"algorithm.reward_scale": 0.25})
+    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    algo.setup(trainer, None)
+    batch = algo.prepare(_one_batch(cfg, trainer), trainer, StageTimer())
+    loss_fn, policy = algo.loss_fn, trainer.model
+    with torch.no_grad():
+        _, m = loss_fn(policy(batch.obs, batch.actions), batch)
+        q1, q2 = loss_fn.q(policy.normalize(batch.obs), batch.actions)
+        next_v = policy.critic(policy.normalize(batch.next_obs)).squeeze(-1)
+        y = 0.25 * batch.rewards + 0.99 * (~batch.terminated).float() * next_v
+        by_hand = 0.5 * ((q1 - y).square().mean() + (q2 - y).square().mean())
+    assert batch.rewards.abs().min() > 0  # Pendulum's rewards: the scale shows
+    assert m["q_loss"] == pytest.approx(float(by_hand), rel=1e-5)
+    assert 0 < m["awr_ess"] <= 1
 
 
 def test_td3_bc_delays_the_actor_and_its_targets():

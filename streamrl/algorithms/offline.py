@@ -10,7 +10,9 @@ trainer runs ``train.num_minibatches`` optimizer steps on it with the algorithm'
 - ``iql`` (Kostrikov et al. 2021): the policy's critic is V(s), trained to an upper
   expectile of the target twin Q(s, a); the twin Q regresses on r + gamma V(s'); the
   policy is extracted by advantage-weighted regression, weights exp(beta (Q - V))
-  capped. Discrete actions (Q(s, .) heads) and continuous ones (Q(s, a)).
+  capped. Discrete actions (Q(s, .) heads) and continuous ones (Q(s, a)). Rewards enter
+  the TD target times ``algorithm.reward_scale`` (IQL's reward normalisation: beta reads
+  advantages in those units); ``awr_ess`` reports how concentrated the weights are.
 - ``td3_bc`` (Fujimoto & Gu 2021), continuous actions: the Gaussian policy's mean is
   the deterministic actor (its fixed log-std is the exploration noise when it plays
   online); twin critics against the clipped double-Q target with target policy
@@ -34,6 +36,7 @@ from torch.func import functional_call
 from streamrl.algorithms.base import Algorithm, Filtered, Timer, register_algorithm
 from streamrl.algorithms.offline_losses import (
     awr_loss,
+    awr_weight_stats,
     bc_loss,
     expectile_loss,
     iql_q_loss,
@@ -83,6 +86,7 @@ class IQLLoss:
     beta: float
     max_weight: float
     tau: float
+    reward_scale: float = 1.0
 
     def __call__(self, outputs: dict[str, torch.Tensor], batch: Transitions) -> tuple:
         obs_n = self.policy.normalize(batch.obs)
@@ -92,7 +96,9 @@ class IQLLoss:
         v = outputs["values"]
         value_loss = expectile_loss(tq, v, self.expectile)
         q1, q2 = self.q(obs_n, batch.actions)
-        q_loss = iql_q_loss(q1, q2, batch.rewards, next_v, batch.terminated, gamma=self.gamma)
+        q_loss = iql_q_loss(
+            q1, q2, batch.rewards * self.reward_scale, next_v, batch.terminated, gamma=self.gamma
+        )
         adv = tq - v.detach()
         policy_loss = awr_loss(outputs["logprobs"], adv, beta=self.beta, max_weight=self.max_weight)
         with torch.no_grad():
@@ -104,6 +110,7 @@ class IQLLoss:
                 "v_mean": float(v.mean()),
                 "advantage_mean": float(adv.mean()),
                 "bc_nll": float(-outputs["logprobs"].mean()),
+                **awr_weight_stats(adv, beta=self.beta, max_weight=self.max_weight),
             }
         return value_loss + q_loss + policy_loss, metrics
 
@@ -245,6 +252,7 @@ class IQL(_QAlgorithm):
         self._loss = IQLLoss(
             trainer.model, q, target_q, gamma=a.gamma, expectile=a.expectile,
             beta=a.awr_beta, max_weight=a.awr_max_weight, tau=a.target_tau,
+            reward_scale=a.reward_scale,
         )  # fmt: skip
 
 

@@ -92,6 +92,21 @@ def awr_loss(
     return -(weights * logprobs).mean()
 
 
+def awr_weight_stats(
+    advantages: torch.Tensor, *, beta: float, max_weight: float
+) -> dict[str, float]:
+    """How concentrated the weights min(exp(beta A), max_weight) of a minibatch are:
+    their mean, the fraction at the cap, and the effective sample size as a fraction
+    of the minibatch, (sum w)^2 / (M sum w^2) (1 = uniform weights, as BC; 1/M = all
+    the weight on one transition)."""
+    w = (beta * advantages.detach().double()).exp().clamp(max=max_weight)
+    return {
+        "awr_weight_mean": float(w.mean()),
+        "awr_weight_capped": float((w >= max_weight).double().mean()),
+        "awr_ess": float(w.sum().square() / (w.numel() * w.square().sum())),
+    }
+
+
 def td3_target(
     rewards: torch.Tensor,
     terminated: torch.Tensor,
