@@ -91,6 +91,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"held-out greedy accuracy: before RL {s['eval_accuracy_before']:.3f} -> "
             f"after RL {s['eval_accuracy_after']:.3f}  {times}"
         )
+        if "eval_sampled_accuracy_after" in s:
+            print(
+                "held-out sampled accuracy (eval.samples at the rollout temperature): "
+                f"before RL {s['eval_sampled_accuracy_before']:.3f} -> "
+                f"after RL {s['eval_sampled_accuracy_after']:.3f}"
+            )
         stages = [k for k in ("sft", "dpo", "alol") if f"eval_accuracy_after_{k}" in s]
         if len(stages) > 1:  # offline stages ran: the accuracy after each one
             chain = [f"{k.upper()} {s[f'eval_accuracy_after_{k}']:.3f}" for k in stages]

@@ -18,16 +18,32 @@ LRSchedule = Literal["constant", "linear", "cosine"]
 
 
 class SFTConfig(_Section):
-    steps: int = Field(500, ge=0, description="Supervised warm-start steps before RL (0 = off).")
+    steps: int = Field(
+        3000,
+        ge=0,
+        description="Supervised warm-start steps before RL (0 = off); with sft.stop_at_eval, "
+        "the most it may take.",
+    )
     examples_per_step: int = Field(64, ge=1, description="Demonstrations per SFT step.")
     lr: float = Field(2e-3, gt=0, description="SFT peak learning rate.")
-    lr_schedule: LRSchedule = Field("constant", description="SFT learning-rate schedule.")
-    warmup_steps: int = Field(0, ge=0, description="SFT steps of linear warm-up from 0.")
+    lr_schedule: LRSchedule = Field(
+        "cosine", description="SFT learning-rate schedule (decay over sft.steps)."
+    )
+    warmup_steps: int = Field(50, ge=0, description="SFT steps of linear warm-up from 0.")
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final SFT learning rate of linear/cosine decay."
     )
     corrupt_fraction: float = Field(
         0.3, ge=0, le=1, description="Fraction of demonstrations with a corrupted answer."
+    )
+    eval_every: int = Field(
+        100, ge=0, description="Greedy held-out evaluation every N SFT steps (0 = none)."
+    )
+    stop_at_eval: float | None = Field(
+        0.9,
+        description="End SFT (and go on to RL) at the first evaluation (sft.eval_every) whose "
+        "held-out greedy accuracy reaches this; sft.steps is then the most SFT may take "
+        "(None, or sft.eval_every=0: always sft.steps).",
     )
 
 

@@ -53,7 +53,7 @@ from streamrl.data.selection import build_selector
 from streamrl.engines.factory import make_train_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
-from streamrl.eval.evaluate import evaluate_model
+from streamrl.eval.evaluate import EvalResult, evaluate_model
 from streamrl.models import load_model
 from streamrl.preflight import Inputs, preflight
 from streamrl.sft import run_sft, sft_batches
@@ -264,23 +264,43 @@ class Session:
         self.run.finish(self.summary)
         return RunResult(run_dir=self.run.path, summary=self.summary, trainer=self.trainer)
 
-    def evaluate(self, tag: str) -> dict[str, float]:
+    def evaluate(self, tag: str, *, sampled: bool = True) -> dict[str, float]:
         """``eval/accuracy`` on the held-out items, and ``eval/accuracy/<domain>``; for an
-        environment, ``eval/return``: the mean return of deterministic episodes."""
-        res = evaluate_model(
+        environment, ``eval/return``: the mean return of deterministic episodes. For a
+        language task with ``eval.samples`` = n > 0 also ``eval/sampled_accuracy``: the
+        mean correctness of n samples per item at the rollout temperature."""
+        res = self.evaluate_heldout(greedy=True)
+        if "return_mean" in res.metrics:
+            self.run.log.info("eval %s: mean return %.2f", tag, res.metrics["return_mean"])
+            return {"eval/return": res.metrics["return_mean"]}
+        self.run.log.info("eval %s: accuracy %.4f on %d items", tag, res.accuracy, len(res.items))
+        domains = {k: v for k, v in res.metrics.items() if k.startswith("accuracy/")}
+        row = {"eval/accuracy": res.accuracy, **{f"eval/{k}": v for k, v in domains.items()}}
+        if sampled and self.cfg.eval.samples:
+            sampled_items = self.evaluate_heldout(greedy=False).items
+            row["eval/sampled_accuracy"] = sum(
+                sum(r["correct"]) / len(r["correct"]) for r in sampled_items
+            ) / max(len(sampled_items), 1)
+            self.run.log.info(
+                "eval %s: sampled accuracy %.4f (%d samples per item)",
+                tag, row["eval/sampled_accuracy"], self.cfg.eval.samples,
+            )  # fmt: skip
+        return row
+
+    def evaluate_heldout(self, *, greedy: bool) -> EvalResult:
+        """The held-out items through the evaluation episode: one greedy sample each, or
+        ``eval.samples`` samples at the rollout temperature."""
+        return evaluate_model(
             self.model,
             self.tokenizer,
             self.eval_episode,
             self.inputs.heldout,
             self.cfg.reward.correct_reward,
             device=self.device,
+            greedy=greedy,
+            samples_per_item=self.cfg.eval.samples,
+            seed=self.cfg.seed,
         )
-        if "return_mean" in res.metrics:
-            self.run.log.info("eval %s: mean return %.2f", tag, res.metrics["return_mean"])
-            return {"eval/return": res.metrics["return_mean"]}
-        self.run.log.info("eval %s: accuracy %.4f on %d items", tag, res.accuracy, len(res.items))
-        domains = {k: v for k, v in res.metrics.items() if k.startswith("accuracy/")}
-        return {"eval/accuracy": res.accuracy, **{f"eval/{k}": v for k, v in domains.items()}}
 
     # ------------------------------------------------------------ checkpoints
 
@@ -357,16 +377,28 @@ class Session:
         if ckpt is not None:
             trainer.load_checkpoint_state(ckpt.trainer)
             stage.load_state_dict(ckpt.state.get("stage_models", {}))
+            if ckpt.state.get("stage_done"):  # it ended at its evaluation threshold
+                set_rng_state(ckpt.state["rng"])
+                return
             start = ckpt.step
             for _ in range(start):
                 next(stage.batches)
             set_rng_state(ckpt.state["rng"])
+        eval_every = getattr(section, "eval_every", 0)
+        stop_at = getattr(section, "stop_at_eval", None)
+        reached: list[int] = []
 
         def on_step(step: int, m: dict) -> bool:
+            every, done = cfg.run.checkpoint_every, step + 1
+            if eval_every and done % eval_every == 0:
+                m = {**m, **self.evaluate(f"{name} step {done}", sampled=False)}
+                if stop_at is not None and m["eval/accuracy"] >= stop_at:
+                    reached.append(done)
             self.run.metrics.log_aux(name, step, m)
             if self.progress:
                 self.progress(name, step + 1, section.steps, m)
-            every, done = cfg.run.checkpoint_every, step + 1
+            if reached:
+                return True
             if every and done % every == 0 and done < section.steps and not self.stop.requested:
                 self.checkpoint(name, done, stage_models=stage.state_dict())
             return self.stop.requested
@@ -379,8 +411,14 @@ class Session:
         seconds = timer.seconds[f"time/{name}"]
         self.summary[f"{name}_time_s"] = self.summary.get(f"{name}_time_s", 0.0) + seconds
         self.summary[f"{name}_final_loss"] = last.get("loss")
-        self.checkpoint(name, done, stage_models=stage.state_dict())
-        if done < section.steps:
+        self.summary[f"{name}_steps_done"] = done
+        self.checkpoint(name, done, stage_models=stage.state_dict(), stage_done=bool(reached))
+        if reached:
+            self.run.log.info(
+                "%s: held-out accuracy reached %s at step %d; on to the next stage",
+                name, stop_at, done,
+            )  # fmt: skip
+        elif done < section.steps:
             raise self.interrupted(name.upper(), done)
 
     def rl_stage(self, engine_model: torch.nn.Module, ckpt: Checkpoint | None) -> dict:

@@ -41,6 +41,8 @@ class Progress:
             info = f"loss {m.get('loss', float('nan')):.3f}"
             if "reward_accuracy" in m:  # DPO: pairs whose chosen completion wins
                 info += f"  pair acc {m['reward_accuracy']:.3f}"
+            if "eval/accuracy" in m:  # the stage's periodic evaluation (sft.eval_every)
+                info += f"  eval {m['eval/accuracy']:.3f}"
         elif "env_steps" in m:  # an environment run: episode returns, not answers
             self._last_return = m.get("episode_return", self._last_return)
             info = (
@@ -60,7 +62,7 @@ class Progress:
             if "eval/accuracy" in m:
                 info += f"  eval {m['eval/accuracy']:.3f}"
         if self._bar is None:
-            if step == total or step % max(1, total // 10) == 0:
+            if step == total or step % max(1, total // 10) == 0 or "eval/accuracy" in m:
                 print(f"[{stage}] step {step}/{total}  {info}", file=sys.stderr, flush=True)
             return
         if stage not in self._tasks:

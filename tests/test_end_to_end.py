@@ -34,6 +34,7 @@ def test_smoke_config_learns_and_writes_run_dir(tmp_path: Path) -> None:
             "run.progress=false",
             # one thread: two intra-op threads oversubscribe a loaded 2-core box badly
             "runtime.threads=1",
+            "eval.samples=4",
         ]
     )
     assert code == 0
@@ -67,6 +68,9 @@ def test_smoke_config_learns_and_writes_run_dir(tmp_path: Path) -> None:
     assert last > first + 0.01, (first, last)
     assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"] + 0.05, summary
     assert summary["stream/consumed"] == 40 * 8
+    # the policy's own reliability (4 samples per held-out item at temperature 1) rises too
+    sampled = summary["eval_sampled_accuracy_before"], summary["eval_sampled_accuracy_after"]
+    assert sampled[1] > sampled[0] + 0.02, sampled
 
     # final weights load and differ from the initial ones
     weights = load_file(str(run_dir / "model" / "model.safetensors"))
@@ -79,6 +83,10 @@ def test_smoke_config_learns_and_writes_run_dir(tmp_path: Path) -> None:
     result = json.loads((run_dir / "eval.json").read_text())
     assert abs(result["metrics"]["accuracy"] - summary["eval_accuracy_after"]) < 1e-9
     assert len(result["items"]) == 200
+    # sampled: `streamrl eval --n 4` runs the same episodes with the same seeds
+    assert main(["eval", str(run_dir), "--n", "4", "--temperature", "1.0"]) == 0
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert result["metrics"]["avg@1"] == pytest.approx(summary["eval_sampled_accuracy_after"])
 
 
 _calls = {"n": 0}

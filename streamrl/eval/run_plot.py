@@ -11,7 +11,7 @@ from streamrl.eval.runs import METRICS, load_metrics, read_summary, status_probl
 
 PANELS = (
     ("reward", ("rollout/reward_mean", "reward_mean"), "reward: all rollouts / consumed batch"),
-    ("eval", ("eval/accuracy",), "held-out greedy accuracy"),
+    ("eval", ("eval/accuracy", "eval/sampled_accuracy"), "held-out accuracy: greedy / sampled"),
     ("staleness", ("staleness/mean", "staleness/max"), "staleness (versions)"),
 )
 TITLE_KEYS = ("eval_accuracy_before", "eval_accuracy_after", "wall_time_s")
