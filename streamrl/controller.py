@@ -277,10 +277,8 @@ class Session:
         domains = {k: v for k, v in res.metrics.items() if k.startswith("accuracy/")}
         row = {"eval/accuracy": res.accuracy, **{f"eval/{k}": v for k, v in domains.items()}}
         if sampled and self.cfg.eval.samples:
-            sampled_items = self.evaluate_heldout(greedy=False).items
-            row["eval/sampled_accuracy"] = sum(
-                sum(r["correct"]) / len(r["correct"]) for r in sampled_items
-            ) / max(len(sampled_items), 1)
+            sampled = self.evaluate_heldout(greedy=False)  # avg@1 over n > 1 samples
+            row["eval/sampled_accuracy"] = sampled.metrics.get("avg@1", sampled.accuracy)
             self.run.log.info(
                 "eval %s: sampled accuracy %.4f (%d samples per item)",
                 tag, row["eval/sampled_accuracy"], self.cfg.eval.samples,
