@@ -59,10 +59,16 @@ def _schedule(value):
 
 
 def sb3_run(
-    env_id: str, seed: int, eval_every: int, stop_at: float | None, budget: int | None = None
+    env_id: str,
+    seed: int,
+    eval_every: int,
+    stop_at: float | None,
+    budget: int | None = None,
+    override: dict | None = None,
 ) -> dict:
     """SB3 PPO with zoo hyperparameters; clock stopped during evaluations. ``budget``
-    replaces the zoo's number of environment steps (the same budget as streamrl's)."""
+    replaces the zoo's number of environment steps (the same budget as streamrl's);
+    ``override`` replaces zoo hyperparameters (``--sb3-set``)."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -71,7 +77,7 @@ def sb3_run(
     from stable_baselines3.common.vec_env import VecNormalize
 
     torch.set_num_threads(1)
-    hp = zoo_hyperparams(env_id)
+    hp = zoo_hyperparams(env_id) | (override or {})
     n_envs, total = int(hp.pop("n_envs", 1)), int(float(hp.pop("n_timesteps")))
     total = budget or total
     normalize = hp.pop("normalize", False)
@@ -183,6 +189,19 @@ def median(xs: list[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def ratio_ci(sb3: list, ours: list, n: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap CI of median(ours) / median(sb3), seeds resampled with
+    replacement on each side; a seed that never reached the threshold counts as infinite."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a, b = (np.array([np.inf if x is None else x for x in xs]) for xs in (ours, sb3))
+    ra = np.median(rng.choice(a, (n, len(a))), axis=1)
+    rb = np.median(rng.choice(b, (n, len(b))), axis=1)
+    lo, hi = np.percentile(ra / rb, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 BENCH_KEYS = ("seconds_to_threshold", "steps_to_threshold", "steps_per_s", "final_return")
 
 
@@ -229,7 +248,10 @@ def report(results: list[dict]) -> None:
         if env_id == "CartPole-v1":
             a, b = (median([r["seconds_to_threshold"] for r in by[f]]) for f in ("streamrl", "sb3"))
             if a and b:
-                line.append(f"  streamrl / SB3 median time ratio: {a / b:.2f}x")
+                lo, hi = ratio_ci(*([r["seconds_to_threshold"] for r in by[f]] for f in by))
+                line.append(
+                    f"  streamrl / SB3 median time ratio: {a / b:.2f}x (95% CI [{lo:.2f}, {hi:.2f}])"
+                )
         print("\n".join(line))
 
 
@@ -239,9 +261,18 @@ def main() -> None:
     p.add_argument("--part", choices=["cartpole", "final", "scaling", "all"], default="all")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--eval-every", type=int, default=4096, help="env steps between evaluations")
+    p.add_argument(
+        "--sb3-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace zoo hyperparameters, e.g. n_epochs=10 learning_rate=lin_0.002",
+    )
+    p.add_argument("--sb3-only", action="store_true", help="skip streamrl's runs")
     p.add_argument("--out", type=Path, default=OUT, help="results.jsonl and the run directories")
     args = p.parse_args()
     OUT = args.out.resolve()
+    sb3_set = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.sb3_set)}
     OUT.mkdir(parents=True, exist_ok=True)
     results_path = OUT / "results.jsonl"
     results = (
@@ -260,8 +291,9 @@ def main() -> None:
 
     if args.part in ("cartpole", "all"):
         for seed in args.seeds:
-            record(sb3_run("CartPole-v1", seed, args.eval_every, THRESHOLD))
-            record(streamrl_run("CartPole-v1", seed, args.eval_every, THRESHOLD, []))
+            record(sb3_run("CartPole-v1", seed, args.eval_every, THRESHOLD, None, sb3_set))
+            if not args.sb3_only:
+                record(streamrl_run("CartPole-v1", seed, args.eval_every, THRESHOLD, []))
     if args.part in ("final", "all"):
         for env_id in ("Acrobot-v1", "Pendulum-v1"):
             cfg = yaml.safe_load((ROOT / EXAMPLES[env_id]).read_text())
@@ -269,8 +301,9 @@ def main() -> None:
             budget = cfg["train"]["steps"] * cfg["train"]["items_per_step"]
             budget *= opts["num_envs"] * opts["segment_length"]
             for seed in args.seeds:
-                record(sb3_run(env_id, seed, 10**9, None, budget))
-                record(streamrl_run(env_id, seed, 10**9, None, []))
+                record(sb3_run(env_id, seed, 10**9, None, budget, sb3_set))
+                if not args.sb3_only:
+                    record(streamrl_run(env_id, seed, 10**9, None, []))
     if args.part in ("scaling", "all"):
         for backend in ("process", "ray"):
             for workers in (1, 2, 4):
