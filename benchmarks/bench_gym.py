@@ -234,7 +234,8 @@ def report(results: list[dict]) -> None:
     for env_id in EXAMPLES:
         rows = [r for r in results if r["env"] == env_id and "backend" not in r]
         by = {fw: [r for r in rows if r["framework"] == fw] for fw in ("sb3", "streamrl")}
-        if not all(by.values()):
+        by = {fw: rs for fw, rs in by.items() if rs}
+        if not by:
             continue
         line = [f"{env_id}:"]
         for fw, rs in by.items():
@@ -245,7 +246,7 @@ def report(results: list[dict]) -> None:
             line.append(f"{fw} n={len(rs)} median final return {ret:.1f}, {sps:.0f} env steps/s")
             if env_id == "CartPole-v1":
                 line.append(f"  median s to {THRESHOLD:.0f}: {t} ({hit}/{len(rs)} reached)")
-        if env_id == "CartPole-v1":
+        if env_id == "CartPole-v1" and len(by) == 2:
             a, b = (median([r["seconds_to_threshold"] for r in by[f]]) for f in ("streamrl", "sb3"))
             if a and b:
                 lo, hi = ratio_ci(*([r["seconds_to_threshold"] for r in by[f]] for f in by))
@@ -269,6 +270,14 @@ def main() -> None:
         help="replace zoo hyperparameters, e.g. n_epochs=10 learning_rate=lin_0.002",
     )
     p.add_argument("--sb3-only", action="store_true", help="skip streamrl's runs")
+    p.add_argument(
+        "--streamrl-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for streamrl's CartPole runs, e.g. stream.max_staleness=0",
+    )
+    p.add_argument("--streamrl-only", action="store_true", help="skip SB3's runs")
     p.add_argument("--out", type=Path, default=OUT, help="results.jsonl and the run directories")
     args = p.parse_args()
     OUT = args.out.resolve()
@@ -291,9 +300,11 @@ def main() -> None:
 
     if args.part in ("cartpole", "all"):
         for seed in args.seeds:
-            record(sb3_run("CartPole-v1", seed, args.eval_every, THRESHOLD, None, sb3_set))
+            if not args.streamrl_only:
+                record(sb3_run("CartPole-v1", seed, args.eval_every, THRESHOLD, None, sb3_set))
             if not args.sb3_only:
-                record(streamrl_run("CartPole-v1", seed, args.eval_every, THRESHOLD, []))
+                extra = list(args.streamrl_set)
+                record(streamrl_run("CartPole-v1", seed, args.eval_every, THRESHOLD, extra))
     if args.part in ("final", "all"):
         for env_id in ("Acrobot-v1", "Pendulum-v1"):
             cfg = yaml.safe_load((ROOT / EXAMPLES[env_id]).read_text())
