@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_gym.py --seeds 0 1 2 3 4          # everything
     PYTHONPATH=. python benchmarks/bench_gym.py --part cartpole --seeds 0 1 2 3 4
     PYTHONPATH=. python benchmarks/bench_gym.py --part scaling
+    ... --only sb3|streamrl --sb3-set n_epochs=10 --streamrl-set stream.max_staleness=0
 
 Run it with nothing else on the machine; frameworks run one after the other.
 
@@ -68,7 +69,8 @@ def sb3_run(
 ) -> dict:
     """SB3 PPO with zoo hyperparameters; clock stopped during evaluations. ``budget``
     replaces the zoo's number of environment steps (the same budget as streamrl's);
-    ``override`` replaces zoo hyperparameters (``--sb3-set``)."""
+    ``override`` replaces zoo hyperparameters (``--sb3-set``; ``--streamrl-set`` overrides
+    streamrl's example config the same way)."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -262,22 +264,13 @@ def main() -> None:
     p.add_argument("--part", choices=["cartpole", "final", "scaling", "all"], default="all")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--eval-every", type=int, default=4096, help="env steps between evaluations")
-    p.add_argument(
-        "--sb3-set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="replace zoo hyperparameters, e.g. n_epochs=10 learning_rate=lin_0.002",
-    )
-    p.add_argument("--sb3-only", action="store_true", help="skip streamrl's runs")
-    p.add_argument(
-        "--streamrl-set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config overrides for streamrl's CartPole runs, e.g. stream.max_staleness=0",
-    )
-    p.add_argument("--streamrl-only", action="store_true", help="skip SB3's runs")
+    for side, example in (("sb3", "n_epochs=10 learning_rate=lin_0.002"),
+                          ("streamrl", "stream.max_staleness=0")):  # fmt: skip
+        p.add_argument(
+            f"--{side}-set", nargs="*", default=[], metavar="KEY=VALUE",
+            help=f"overrides for {side}'s runs (SB3: zoo hyperparameters), e.g. {example}",
+        )  # fmt: skip
+    p.add_argument("--only", choices=["sb3", "streamrl"], help="run one side only")
     p.add_argument("--out", type=Path, default=OUT, help="results.jsonl and the run directories")
     args = p.parse_args()
     OUT = args.out.resolve()
@@ -300,11 +293,12 @@ def main() -> None:
 
     if args.part in ("cartpole", "all"):
         for seed in args.seeds:
-            if not args.streamrl_only:
+            if args.only != "streamrl":
                 record(sb3_run("CartPole-v1", seed, args.eval_every, THRESHOLD, None, sb3_set))
-            if not args.sb3_only:
-                extra = list(args.streamrl_set)
-                record(streamrl_run("CartPole-v1", seed, args.eval_every, THRESHOLD, extra))
+            if args.only != "sb3":
+                record(
+                    streamrl_run("CartPole-v1", seed, args.eval_every, THRESHOLD, args.streamrl_set)
+                )
     if args.part in ("final", "all"):
         for env_id in ("Acrobot-v1", "Pendulum-v1"):
             cfg = yaml.safe_load((ROOT / EXAMPLES[env_id]).read_text())
@@ -312,9 +306,10 @@ def main() -> None:
             budget = cfg["train"]["steps"] * cfg["train"]["items_per_step"]
             budget *= opts["num_envs"] * opts["segment_length"]
             for seed in args.seeds:
-                record(sb3_run(env_id, seed, 10**9, None, budget, sb3_set))
-                if not args.sb3_only:
-                    record(streamrl_run(env_id, seed, 10**9, None, []))
+                if args.only != "streamrl":
+                    record(sb3_run(env_id, seed, 10**9, None, budget, sb3_set))
+                if args.only != "sb3":
+                    record(streamrl_run(env_id, seed, 10**9, None, args.streamrl_set))
     if args.part in ("scaling", "all"):
         for backend in ("process", "ray"):
             for workers in (1, 2, 4):
