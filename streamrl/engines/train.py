@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from streamrl.engines.kv_cache import LLAMA_FAMILY
 from streamrl.engines.optim import Optimized
+from streamrl.engines.packing import pack, packed_hidden
 from streamrl.types import Batch
 
 LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str, Any]]]
@@ -156,8 +157,10 @@ class TrainEngine(Optimized):
         micro_batch_sequences: int = 16,
         device: str | torch.device = "cpu",
         head_on_targets: bool = True,
+        packed: bool = True,
     ) -> None:
         self.head_on_targets = head_on_targets
+        self.packed = packed
         if micro_batch_sequences < 1:
             raise ValueError(f"micro_batch_sequences must be >= 1, got {micro_batch_sequences}")
         super().__init__(
@@ -223,13 +226,23 @@ class TrainEngine(Optimized):
         and with ``with_values`` "values": (n, T)}: values[:, t] is the value head's
         V(tokens < t), the state in which token t is chosen (0 at t = 0). With
         ``head_on_targets`` and a plain-head model, logprobs and entropy are computed
-        on the loss tokens only (0 elsewhere)."""
+        on the loss tokens only (0 elsewhere); with ``packed`` as well (and no values),
+        the rows are packed without padding and a prompt shared by several rows is
+        computed once (``packing``), when that saves enough."""
         parts = _decoder_and_head(model) if self.head_on_targets else None
         if parts is not None:
             decoder, head = parts
-            hidden = decoder(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False
-            ).last_hidden_state
+            layout = None
+            if self.packed and not with_values:
+                layout = pack(mb.input_ids, mb.attention_mask, mb.loss_mask)
+            if layout is not None:
+                hidden = packed_hidden(decoder, layout, *mb.input_ids.shape)
+            else:
+                hidden = decoder(
+                    input_ids=mb.input_ids,
+                    attention_mask=mb.attention_mask.long(),
+                    use_cache=False,
+                ).last_hidden_state
             logp, entropy = target_logprobs_and_entropy(
                 hidden, head, mb.input_ids, mb.loss_mask, with_entropy=with_entropy,
                 entropy_grad=entropy_grad,

@@ -1,0 +1,141 @@
+"""Packed forward for the trainer: no padding, and a group's prompt computed once.
+
+A micro-batch of right-padded rows spends FLOPs twice over: on padding (rows shorter
+than the longest), and on repeats (a GRPO group is ``group_size`` completions of one
+prompt). On the SmolLM2 workload of the performance issue (chat prompts of ~40 tokens,
+completions of 5-48) 16 rows of up to 88 positions hold 2 prompts and ~430 completion
+tokens: about 510 positions of real work out of ~1400.
+
+The packed layout puts each distinct prompt once, then every row's remaining tokens,
+on one flat token axis of length T::
+
+    [ prompt a | prompt b | rest of row 0 | rest of row 1 | ... | rest of row n-1 ]
+
+Each token keeps its own position id (a row's rest continues its prompt), and a
+(T, T) boolean mask lets a token see its own prompt, and earlier tokens of its own
+segment, only. That is the one-piece forward of every row, up to float rounding
+(``tests/test_packing.py``), computed in one decoder call; backward sums each prompt's
+gradient over its group's rows by construction.
+
+Which rows share: rows whose tokens before their first loss token are identical (the
+prompt of a single-turn item; the first prompt of a multi-turn episode); the shared
+part stops one token short of a row's end, so each row keeps a segment of its own.
+The mask is dense, so attention costs T^2 instead of the rows' sum of squares: the
+layout is used up to ``MAX_TOKENS`` packed positions, and only when it saves at least
+``MIN_SAVING`` of the padded batch's positions; otherwise the caller runs the ordinary
+padded forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Fraction of the padded batch's (rows x positions) packing must save to be used.
+MIN_SAVING = 0.2
+# Largest packed length: the dense (T, T) mask and attention grow with its square.
+MAX_TOKENS = 8192
+
+
+@dataclass
+class PackedLayout:
+    """ids, pos (1, T); mask (1, 1, T, T) bool; the hidden state at flat position
+    ``src[k]`` belongs at ``(row[k], col[k])`` of the (n, t) batch."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    mask: torch.Tensor
+    src: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+    shared_prompts: int  # rows that reuse another row's prompt
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.shape[1]
+
+
+def pack(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    min_saving: float = MIN_SAVING,
+    max_tokens: int = MAX_TOKENS,
+) -> PackedLayout | None:
+    """The packed layout of a right-padded batch, or None when it would not pay (or
+    the rows are not right-padded)."""
+    device = input_ids.device
+    ids_cpu, att = input_ids.cpu(), attention_mask.cpu()
+    n, t = ids_cpu.shape
+    row_len = att.sum(1)
+    if not bool((att == (torch.arange(t) < row_len[:, None])).all()):
+        return None  # real tokens must come first (collate right-pads)
+    loss = loss_mask.cpu()
+    first_loss = torch.where(loss.any(1), loss.int().argmax(1), row_len)
+    cut = torch.minimum(first_loss, row_len - 1).tolist()
+    if min(cut) < 1:
+        return None  # a row with nothing before its first loss token (or one token long)
+    lengths, rows = row_len.tolist(), ids_cpu.tolist()
+
+    prompt_of: dict[tuple[int, ...], int] = {}  # prompt tokens -> its segment
+    seg_start: list[int] = []  # flat start of each segment (prompts, then rests)
+    seg_pos0: list[int] = []  # position id of a segment's first token
+    seg_parent: list[int] = []  # the prompt a row's rest attends to (-1 for a prompt)
+    flat: list[int] = []
+    row_prompt: list[int] = []
+    for r in range(n):
+        key = tuple(rows[r][: cut[r]])
+        if key not in prompt_of:
+            prompt_of[key] = len(seg_start)
+            seg_start.append(len(flat))
+            seg_pos0.append(0)
+            seg_parent.append(-1)
+            flat += key
+        row_prompt.append(prompt_of[key])
+    n_prompts = len(seg_start)
+    for r in range(n):
+        seg_start.append(len(flat))
+        seg_pos0.append(cut[r])
+        seg_parent.append(row_prompt[r])
+        flat += rows[r][cut[r] : lengths[r]]
+    total = len(flat)
+    if total > max_tokens or total > (1 - min_saving) * n * max(lengths):
+        return None
+
+    bounds = torch.tensor(seg_start + [total])
+    seg_len = bounds[1:] - bounds[:-1]
+    seg = torch.repeat_interleave(torch.arange(len(seg_start)), seg_len)  # (T,)
+    pos = torch.arange(total) - bounds[:-1][seg] + torch.tensor(seg_pos0)[seg]
+    parent = torch.tensor(seg_parent)[seg]
+    q, k = torch.arange(total)[:, None], torch.arange(total)[None]
+    own = (seg[:, None] == seg[None]) & (k <= q)
+    mask = own | (parent[:, None] == seg[None])  # a rest sees all of its prompt
+
+    # back to (n, t): a row's prompt's last state predicts its first own token, then
+    # its own tokens' states (the loss tokens read only these)
+    p_last = bounds[torch.tensor(row_prompt)] + torch.tensor(cut) - 1
+    rest_len = seg_len[n_prompts:]
+    src = torch.cat([p_last, torch.arange(bounds[n_prompts], total)])
+    row = torch.cat([torch.arange(n), torch.repeat_interleave(torch.arange(n), rest_len)])
+    col = torch.cat([torch.tensor(cut) - 1, pos[bounds[n_prompts] :]])
+    return PackedLayout(
+        ids=torch.tensor(flat, device=device)[None],
+        pos=pos.to(device)[None],
+        mask=mask.to(device)[None, None],
+        src=src.to(device),
+        row=row.to(device),
+        col=col.to(device),
+        shared_prompts=n - n_prompts,
+    )
+
+
+def packed_hidden(decoder: torch.nn.Module, layout: PackedLayout, n: int, t: int) -> torch.Tensor:
+    """Last hidden states (n, T, H) from one packed decoder call. Filled: the position
+    before each row's own tokens and its own tokens' positions (the positions that
+    predict its own tokens); the shared prompt's earlier positions are 0."""
+    h = decoder(
+        input_ids=layout.ids, attention_mask=layout.mask, position_ids=layout.pos, use_cache=False
+    ).last_hidden_state[0]  # (T, H)
+    out = h.new_zeros(n, t, h.shape[-1])
+    return out.index_put((layout.row, layout.col), h[layout.src])
