@@ -40,7 +40,7 @@ def head_on_targets(monkeypatch):
 
 def test_layout_puts_each_prompt_once_then_each_rows_own_tokens():
     batch = grouped_batch()
-    lay = pack(batch.input_ids, batch.attention_mask, batch.loss_mask)
+    lay = pack(batch.input_ids, batch.attention_mask, batch.loss_mask, width=32)
     assert lay is not None and lay.shared_prompts == 6  # 8 rows, 2 prompts
     own = batch.loss_mask.sum(1).tolist()  # every row's own tokens are its completion
     assert lay.tokens == 8 + 5 + sum(own)
@@ -62,25 +62,28 @@ def test_layout_puts_each_prompt_once_then_each_rows_own_tokens():
     assert lay.col[:8].tolist() == [7] * 4 + [4] * 4
 
 
-def test_layout_declines_when_it_does_not_pay_or_cannot_apply():
-    # equal lengths, no shared prompt: nothing to save
+def test_layout_is_used_when_its_estimated_flops_are_lower():
+    # equal lengths, no shared prompt: nothing to save, and the dense mask costs more
     ids = torch.randint(1, 64, (4, 31))
     att, loss = torch.ones(4, 31, dtype=torch.bool), torch.ones(4, 31, dtype=torch.bool)
     loss[:, :3] = False
-    assert pack(ids, att, loss) is None
-    # ... but the same rows sharing their 3-token prompt save 9 of 124 positions
+    assert pack(ids, att, loss, width=4096, min_saving=0.0) is None
+    # the rows share their 3-token prompt: 9 of 124 positions saved (7%)
     ids[:, :3] = torch.tensor([5, 6, 7])
-    assert pack(ids, att, loss, min_saving=0.05) is not None
-    assert pack(ids, att, loss) is None  # under the default 20%
-    assert pack(ids, att, loss, min_saving=0.05, max_tokens=100) is None  # too long
-    # padding alone can pay: one short row among long ones
+    assert pack(ids, att, loss, width=4096, min_saving=0.05) is not None
+    assert pack(ids, att, loss, width=4096) is None  # under the default 20%
+    assert pack(ids, att, loss, width=4096, min_saving=0.05, max_tokens=100) is None
+    # a narrow model: attention over the 115 packed positions outweighs the saving
+    # (115 * 6 * 8 + 115^2 = 18,745 against 124 * 6 * 8 + 4 * 31^2 = 9,796)
+    assert pack(ids, att, loss, width=8, min_saving=0.0) is None
+    # padding alone can pay: two short rows among long ones
     att[0, 10:] = False
     att[1, 4:] = False
-    assert pack(ids, att, loss & att, min_saving=0.1) is not None
+    assert pack(ids, att, loss & att, width=4096) is not None
     # left padding is not what collate makes: decline rather than guess
     left = torch.ones(4, 31, dtype=torch.bool)
     left[0, 0] = False
-    assert pack(ids, left, loss & left, min_saving=0.0) is None
+    assert pack(ids, left, loss & left, width=4096, min_saving=0.0) is None
 
 
 def _update(batch, packed, micro_batch_sequences=8):

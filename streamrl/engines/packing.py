@@ -20,10 +20,12 @@ gradient over its group's rows by construction.
 Which rows share: rows whose tokens before their first loss token are identical (the
 prompt of a single-turn item; the first prompt of a multi-turn episode); the shared
 part stops one token short of a row's end, so each row keeps a segment of its own.
-The mask is dense, so attention costs T^2 instead of the rows' sum of squares: the
-layout is used up to ``MAX_TOKENS`` packed positions, and only when it saves at least
-``MIN_SAVING`` of the padded batch's positions; otherwise the caller runs the ordinary
-padded forward.
+The mask is dense, so attention costs T^2 instead of the rows' sum of squares. Per
+layer, with hidden width D, the linear layers cost about 2 * 12 D^2 FLOPs a position
+(Llama's projections and MLP) and attention about 4 D per (query, key) pair, so the
+layout is used when ``T * 6D + T^2`` is at most ``1 - MIN_SAVING`` of the padded
+``n t * 6D + n t^2``, and T is at most ``MAX_TOKENS`` (the mask's memory); otherwise the
+caller runs the ordinary padded forward.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Fraction of the padded batch's (rows x positions) packing must save to be used.
+# Fraction of the padded forward's estimated FLOPs packing must save to be used.
 MIN_SAVING = 0.2
-# Largest packed length: the dense (T, T) mask and attention grow with its square.
+# Largest packed length: the dense (T, T) boolean mask takes T^2 bytes.
 MAX_TOKENS = 8192
 
 
@@ -60,11 +62,12 @@ def pack(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     loss_mask: torch.Tensor,
+    width: int,
     min_saving: float = MIN_SAVING,
     max_tokens: int = MAX_TOKENS,
 ) -> PackedLayout | None:
-    """The packed layout of a right-padded batch, or None when it would not pay (or
-    the rows are not right-padded)."""
+    """The packed layout of a right-padded batch for a decoder of hidden size ``width``,
+    or None when it would not pay (or the rows are not right-padded)."""
     device = input_ids.device
     ids_cpu, att = input_ids.cpu(), attention_mask.cpu()
     n, t = ids_cpu.shape
@@ -99,8 +102,10 @@ def pack(
         seg_pos0.append(cut[r])
         seg_parent.append(row_prompt[r])
         flat += rows[r][cut[r] : lengths[r]]
-    total = len(flat)
-    if total > max_tokens or total > (1 - min_saving) * n * max(lengths):
+    total, t_max = len(flat), max(lengths)
+    packed_cost = total * 6 * width + total**2
+    padded_cost = n * t_max * 6 * width + n * t_max**2
+    if total > max_tokens or packed_cost > (1 - min_saving) * padded_cost:
         return None
 
     bounds = torch.tensor(seg_start + [total])

@@ -234,7 +234,8 @@ class TrainEngine(Optimized):
             decoder, head = parts
             layout = None
             if self.packed and not with_values:
-                layout = pack(mb.input_ids, mb.attention_mask, mb.loss_mask)
+                width = decoder.config.hidden_size
+                layout = pack(mb.input_ids, mb.attention_mask, mb.loss_mask, width)
             if layout is not None:
                 hidden = packed_hidden(decoder, layout, *mb.input_ids.shape)
             else:
