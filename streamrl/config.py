@@ -374,6 +374,13 @@ class RunConfig(_Section):
         description="End RL early once a periodic evaluation (eval.every) reaches this "
         "held-out accuracy or mean return (time-to-threshold benchmarks).",
     )
+    max_rl_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="End RL after the step during which this many seconds of RL wall time "
+        "(counted across resumes) have passed; the final evaluation runs as usual "
+        "(fixed wall-clock budget comparisons).",
+    )
 
 
 class Config(_Section):

@@ -554,6 +554,11 @@ class Session:
                         pool.hold(True)
                         self.summary["stopped_early_at_step"] = self.last_step = step
                         break
+                budget = cfg.run.max_rl_seconds
+                if budget is not None and step < steps and recorder.rl_seconds() >= budget:
+                    pool.hold(True)  # run.max_rl_seconds spent: this is the last step
+                    self.summary["stopped_early_at_step"] = self.last_step = step
+                    break
                 state = self._rl_state(pool, recorder)  # drains the ledger: write it first
                 if step < steps:  # the last row waits for the final evaluation
                     run.metrics.log(step, row)

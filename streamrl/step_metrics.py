@@ -121,10 +121,14 @@ class StepMetrics:
         m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
         return m
 
+    def rl_seconds(self) -> float:
+        """RL wall time so far, across resumes (``run.max_rl_seconds``)."""
+        return time.time() - self.t_start
+
     def state(self) -> dict[str, float]:
         """Totals carried across a resume (checkpoints)."""
         return {
-            "rl_time_s": time.time() - self.t_start,
+            "rl_time_s": self.rl_seconds(),
             "tokens": self.tokens,
             "carried": self.carried,
             "waited": self.waited,
@@ -138,7 +142,7 @@ class StepMetrics:
     def summary(self, pool: PoolBooks, stream: SampleStream) -> dict[str, Any]:
         """RL totals for ``summary.json``."""
         out: dict[str, Any] = {
-            "rl_time_s": time.time() - self.t_start,
+            "rl_time_s": self.rl_seconds(),
             "worker_restarts": pool.restarts,
             "reissued_items": pool.reissued,
             "resumed_items": pool.resumed_items,

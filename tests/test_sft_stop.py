@@ -92,3 +92,17 @@ def test_sft_stops_at_the_threshold_and_a_resume_does_not_train_it_again(tmp_pat
     again = load_file(str(tmp_path / "copy" / "model" / "model.safetensors"))
     assert all(torch.equal(final[k], again[k]) for k in final)
     assert [r["step"] for r in _sft_rows(tmp_path / "copy")] == list(range(5))
+
+
+def test_rl_ends_when_its_wall_clock_budget_is_spent(tmp_path: Path) -> None:
+    """``run.max_rl_seconds``: the step that spends the budget is the last; the final
+    evaluation still runs and the summary says at which step RL stopped."""
+    budget = ["sft.steps=0", "train.steps=40", "run.max_rl_seconds=1e-6", "run.save_weights=false"]
+    assert main(["train", *_args(tmp_path, "run", *budget)]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps"] == summary["stopped_early_at_step"] == 1
+    assert summary["rl_time_s"] > 0
+    assert 0 <= summary["eval_accuracy_after"] <= 1
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and "eval/accuracy" in rows[-1]
