@@ -550,13 +550,10 @@ class Session:
                         self.summary.update(
                             {summary_key(k, f"after_{phase}"): v for k, v in ev.items()}
                         )
-                    if reached(cfg, row):  # run.stop_at_eval: this is the last step
-                        pool.hold(True)
-                        self.summary["stopped_early_at_step"] = self.last_step = step
-                        break
                 budget = cfg.run.max_rl_seconds
-                if budget is not None and step < steps and recorder.rl_seconds() >= budget:
-                    pool.hold(True)  # run.max_rl_seconds spent: this is the last step
+                spent = budget is not None and step < steps and recorder.rl_seconds() >= budget
+                if reached(cfg, row) or spent:  # run.stop_at_eval or run.max_rl_seconds
+                    pool.hold(True)  # this is the last step
                     self.summary["stopped_early_at_step"] = self.last_step = step
                     break
                 state = self._rl_state(pool, recorder)  # drains the ledger: write it first

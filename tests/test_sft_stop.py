@@ -106,3 +106,12 @@ def test_rl_ends_when_its_wall_clock_budget_is_spent(tmp_path: Path) -> None:
     assert 0 <= summary["eval_accuracy_after"] <= 1
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1] and "eval/accuracy" in rows[-1]
+
+
+def test_rl_ends_at_the_first_evaluation_that_reaches_stop_at_eval(tmp_path: Path) -> None:
+    """``run.stop_at_eval`` ends RL through the same exit as the wall-clock budget."""
+    stop = ["sft.steps=0", "train.steps=40", "eval.every=1", "run.stop_at_eval=0.0"]
+    assert main(["train", *_args(tmp_path, "run", *stop, "run.save_weights=false")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps"] == summary["stopped_early_at_step"] == 1
