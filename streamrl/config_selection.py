@@ -13,12 +13,16 @@ from streamrl.config_stages import _Section
 
 class SelectionConfig(_Section):
     """Skip prompts whose next group is predicted to be all-equal (MoPPS/VADE-style): a
-    Beta-Bernoulli posterior over each prompt's success rate, keyed by the item id."""
+    Beta-Bernoulli posterior over each prompt's success rate, keyed by the item id, or the
+    policy's own probability of the reference answer."""
 
-    kind: Literal["none", "posterior"] = Field(
+    kind: Literal["none", "posterior", "likelihood"] = Field(
         "none",
         description="'none': issue every drawn item; 'posterior': skip (never issue) an item "
-        "when its posterior P(all group_size outcomes equal) exceeds selection.threshold.",
+        "when its posterior P(all group_size outcomes equal) exceeds selection.threshold; "
+        "'likelihood': before generating a group, score the reference answer under the current "
+        "policy (p) and skip the item when p^G, a lower bound on P(all G correct), exceeds "
+        "selection.threshold; counted as stream/filtered/predicted_all_correct.",
     )
     prior_alpha: float = Field(
         1.0, gt=0, description="Beta prior's alpha (pseudo-successes) of every prompt."
@@ -30,8 +34,9 @@ class SelectionConfig(_Section):
         0.5,
         gt=0,
         lt=1,
-        description="Skip when P(all equal) = E[p^G + (1-p)^G] under the posterior is above "
-        "this; must exceed the prior's own value (2/(G+1) for Beta(1,1)), so fresh prompts run.",
+        description="posterior: skip when P(all equal) = E[p^G + (1-p)^G] under the posterior "
+        "is above this; must exceed the prior's own value (2/(G+1) for Beta(1,1)), so fresh "
+        "prompts run. likelihood: skip when the policy's p^G is above this.",
     )
     decay: float = Field(
         1.0,

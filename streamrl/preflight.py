@@ -170,6 +170,13 @@ def check_selection(cfg: Config) -> None:
             f"selection.kind={sel.kind} needs a task source, but endpoint.enabled=true: "
             "external agents bring their own prompts; set selection.kind=none"
         )
+    if sel.kind == "likelihood":
+        if cfg.rollout.episode != "single_turn":
+            raise PreflightError(
+                f"selection.kind=likelihood scores one reference completion per item, so it "
+                f"needs rollout.episode=single_turn (got {cfg.rollout.episode!r})"
+            )
+        return
     g = cfg.rollout.group_size
     prior = all_equal_probability(sel.prior_alpha, sel.prior_beta, g)
     if sel.threshold <= prior:

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from streamrl.algorithms import Algorithm, Filtered
+from streamrl.data.selection_likelihood import LikelihoodGate
 from streamrl.engines.base import InferenceEngine
 from streamrl.episodes import Episode
 from streamrl.messages import (
@@ -73,9 +74,10 @@ class RolloutWorker:
         *,
         group_size: int,
         seed: int,
+        gate: LikelihoodGate | None = None,
     ) -> None:
         self.engine, self.episode, self.algorithm, self.emit = engine, episode, algorithm, emit
-        self.group_size, self.seed = group_size, seed
+        self.group_size, self.seed, self.gate = group_size, seed, gate
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
 
     async def run(self, on_tick: Callable[[], None] | None = None) -> None:
@@ -126,7 +128,7 @@ class RolloutWorker:
 
     async def _run_group(self, item: Item) -> None:
         report = await rollout_group(
-            self.engine, self.episode, self.algorithm, item, self.group_size, self.seed
+            self.engine, self.episode, self.algorithm, item, self.group_size, self.seed, self.gate
         )
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)
@@ -139,9 +141,24 @@ async def rollout_group(
     item: Item,
     group_size: int,
     seed: int,
+    gate: LikelihoodGate | None = None,
 ) -> GroupDone | GroupRejected | None:
     """Roll one item out ``group_size`` times (plus the algorithm's extra rollouts),
-    score it and judge it; None if cancelled. Every other outcome is a report."""
+    score it and judge it; None if cancelled. Every other outcome is a report. A
+    ``gate`` (``selection.kind=likelihood``) may skip the item before any generation."""
+    if gate is not None:
+        try:
+            skipped = await gate.skip(engine, item)
+        except asyncio.CancelledError:
+            return None
+        except Exception as e:  # a scoring failure is recorded, like an episode's
+            detail = describe_error(e) + "\n" + "".join(traceback.format_exception(e)).strip()
+            return GroupRejected(
+                item.index, "failed", f"selection_error:{type(e).__name__}", detail
+            )
+        if skipped is not None:
+            detail = f"predicted P(all {group_size} correct) >= {skipped:.4f}"
+            return GroupRejected(item.index, "filtered", "predicted_all_correct", detail)
     coros = [episode(engine, item, sampling_seed(seed, item.index, j)) for j in range(group_size)]
     coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
     results = await asyncio.gather(*coros, return_exceptions=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from streamrl.models import encode_prompt
+from streamrl.models import encode_prompt, reference_ids
 from streamrl.types import Batch, Item, Trajectory
 
 _NUMBER = re.compile(r"^-?\d+$")
@@ -41,9 +41,7 @@ def corrupt_answer(answer: str, rng: random.Random) -> str:
 def demonstration(tokenizer, item: Item, completion: str) -> Trajectory:
     """Prompt (masked) + completion + EOS (trained)."""
     prompt_ids = encode_prompt(tokenizer, item)
-    target_ids = tokenizer.encode(completion, add_special_tokens=False)
-    if tokenizer.eos_token_id is not None:
-        target_ids = target_ids + [tokenizer.eos_token_id]
+    target_ids = reference_ids(tokenizer, completion)
     n_p, n_t = len(prompt_ids), len(target_ids)
     return Trajectory(
         input_ids=torch.tensor(prompt_ids + target_ids, dtype=torch.long),

@@ -64,6 +64,9 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     seed: int = 0
+    # teacher forcing: the engine returns these tokens instead of sampling, each with its
+    # log-prob under the request's sampling distribution (scoring a known continuation)
+    forced_ids: list[int] | None = None
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """LocalEngine: correctness against Hugging Face, determinism, continuous batching,
-stop conditions, interruptible weight updates, async batching and the fallback path."""
+stop conditions, interruptible weight updates, async batching, the fallback path and
+teacher-forced scoring."""
 
 from __future__ import annotations
 
@@ -377,3 +378,24 @@ def test_fallback_on_gpt2_matches_hf_generate():
         atol=1e-4,
         rtol=0,
     )
+
+
+@pytest.mark.parametrize("params", [SamplingParams(8, 1.0), SamplingParams(8, 0.7, top_k=10)])
+def test_a_forced_request_returns_its_tokens_with_their_sampling_logprobs(
+    llama, params: SamplingParams
+) -> None:
+    """Teacher forcing (GenerationRequest.forced_ids), as the likelihood gate scores a
+    reference answer: the given tokens, their exact sampling log-probs, the version."""
+    prompt, forced = [1, 2, 3, 4], [5, 9, 9, 2]
+    engine = LocalEngine(llama, decode_slots=4, version=3)
+    plain = GenerationRequest([7, 8, 9], params, seed=11)
+    alone = engine.generate([plain])[0]
+    out, beside = engine.generate([GenerationRequest(prompt, params, 0, forced), plain])
+    assert out.token_ids == forced and out.versions == [3] * 4 and out.finish_reason == "length"
+    want = full_logprobs(llama, prompt, forced, params)
+    torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-5, rtol=0)
+    # a forced row in the batch changes nothing for the others (same tokens as alone)
+    assert beside.token_ids == alone.token_ids and beside.logprobs == pytest.approx(alone.logprobs)
+    # an empty forced continuation ends at once, like max_new_tokens=0
+    (empty,) = engine.generate([GenerationRequest(prompt, params, 0, [])])
+    assert empty.token_ids == [] and empty.finish_reason == "length"

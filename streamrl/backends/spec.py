@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM
 
 from streamrl.algorithms import build_algorithm
 from streamrl.config import Config
+from streamrl.data.selection_likelihood import build_gate
 from streamrl.engines.inference import LocalEngine
-from streamrl.episodes import build_episode
+from streamrl.episodes import build_episode, sampling_params
 from streamrl.models.loading import resolve_dtype
 from streamrl.rewards import build_reward
 from streamrl.rollout import Emit, RolloutWorker
@@ -33,6 +34,7 @@ def make_worker(cfg: Config, engine: LocalEngine, tokenizer: Any, emit: Emit) ->
         emit,
         group_size=cfg.rollout.group_size,
         seed=cfg.seed,
+        gate=build_gate(cfg, tokenizer, sampling_params(cfg, tokenizer)),
     )
 
 

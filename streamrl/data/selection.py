@@ -195,8 +195,9 @@ class PromptSelector:
 
 
 def build_selector(section: Any, group_size: int) -> PromptSelector | None:
-    """The selector of config section ``selection`` (None for ``kind: none``)."""
-    if section.kind == "none":
+    """The pool's selector of config section ``selection`` (None unless ``kind:
+    posterior``; ``kind: likelihood`` is the rollout worker's gate instead)."""
+    if section.kind != "posterior":
         return None
     return PromptSelector(
         group_size,

@@ -9,7 +9,9 @@ One scheduler step (:meth:`LocalEngine._step`) is the unit everything hangs on:
    position), see :mod:`streamrl.engines.kv_cache`;
 4. sample every row (:mod:`streamrl.engines.sampling`) and record token,
    behaviour log-prob and weight version; finished sequences release their
-   slot, which the next step's admission refills.
+   slot, which the next step's admission refills. A request with ``forced_ids``
+   (scoring a known continuation) takes its given token instead, with that
+   token's log-prob under the same sampling distribution.
 
 Steps are serialised by a lock and are the only place the model runs, so a
 weight update lands exactly between two tokens: a sequence in flight keeps its
@@ -324,6 +326,15 @@ class LocalEngine:
             )
         noise = counter_uniform(self._seed[slots], self._count[slots])
         tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
+        forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
+        if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
+            rows = torch.tensor(forced, device=self.device)
+            want = torch.tensor(
+                [seqs[i].request.forced_ids[len(seqs[i].token_ids)] for i in forced],  # type: ignore[index]
+                device=self.device,
+            )
+            lp = torch.log_softmax(scores[rows].float(), dim=-1).gather(1, want[:, None])[:, 0]
+            tokens[rows], token_lp[rows] = want, lp.to(token_lp.dtype)
         self._next_tok[slot_t] = tokens
         self._count[slots] += np.uint64(1)
         for q, tok, lp in zip(seqs, tokens.tolist(), token_lp.tolist(), strict=True):
@@ -362,6 +373,7 @@ class LocalEngine:
                 if (
                     len(seq.request.prompt_ids) >= self.max_seq_len
                     or seq.request.params.max_new_tokens <= 0
+                    or seq.request.forced_ids == []
                 ):
                     self._finish(seq, "length")  # no room for a single token
                     continue
@@ -393,6 +405,7 @@ class LocalEngine:
             self._release(q, "stop")
         elif (
             len(q.token_ids) >= p.max_new_tokens
+            or (q.request.forced_ids is not None and len(q.token_ids) >= len(q.request.forced_ids))
             or len(q.request.prompt_ids) + len(q.token_ids) >= self.max_seq_len
         ):
             self._release(q, "length")

@@ -10,7 +10,12 @@ from streamrl.models.gguf import SMOLLM2_ALIAS, convert_gguf, gguf_cache_path
 from streamrl.models.loading import load_model, load_model_and_tokenizer, resolve_dtype
 from streamrl.models.lora import apply_lora, count_parameters, merged_state_dict
 from streamrl.models.presets import TINY_PRESETS, build_preset
-from streamrl.models.tokenizer import build_char_tokenizer, encode_prompt, is_char_tokenizer
+from streamrl.models.tokenizer import (
+    build_char_tokenizer,
+    encode_prompt,
+    is_char_tokenizer,
+    reference_ids,
+)
 
 __all__ = [
     "SMOLLM2_ALIAS",
@@ -21,6 +26,7 @@ __all__ = [
     "convert_gguf",
     "count_parameters",
     "encode_prompt",
+    "reference_ids",
     "gguf_cache_path",
     "is_char_tokenizer",
     "load_model",

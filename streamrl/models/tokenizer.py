@@ -96,3 +96,12 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, item: Item) -> list[int]:
             *tokenizer.encode(item.prompt, add_special_tokens=False),
         ]
     return [int(i) for i in tokenizer.encode(item.prompt)]
+
+
+def reference_ids(tokenizer: PreTrainedTokenizerBase, completion: str) -> list[int]:
+    """The tokens a demonstration of ``completion`` trains on after the prompt: the
+    completion + EOS (SFT's target, and what the likelihood gate scores)."""
+    target_ids = [int(i) for i in tokenizer.encode(completion, add_special_tokens=False)]
+    if tokenizer.eos_token_id is not None:
+        target_ids.append(int(tokenizer.eos_token_id))
+    return target_ids
