@@ -97,7 +97,11 @@ def test_progress_reaches_the_console_from_the_ray_trainer(tmp_path: Path) -> No
             "train.steps=2",
             "train.items_per_step=2",
             "rollout.group_size=2",
+            # an untrained model's groups are all wrong: dynamic sampling would keep drawing
+            "algorithm.dynamic_sampling=false",
+            "data.options={digits: 1, operators: '+', heldout_size: 8}",
             "eval.heldout_size=4",
+            "eval.samples=1",
             "runtime.backend=ray",
             "run.tensorboard=false",
             f"run.output_dir={tmp_path}",
