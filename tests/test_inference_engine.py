@@ -378,6 +378,12 @@ def test_fallback_on_gpt2_matches_hf_generate():
         atol=1e-4,
         rtol=0,
     )
+    # teacher forcing on the fallback path too
+    forced = [4, 4, 7]
+    (f,) = engine.generate([GenerationRequest(PROMPTS[0], sp, 0, forced)])
+    assert f.token_ids == forced
+    want = full_logprobs(model, PROMPTS[0], forced, sp)
+    torch.testing.assert_close(torch.tensor(f.logprobs), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(8, 1.0), SamplingParams(8, 0.7, top_k=10)])
