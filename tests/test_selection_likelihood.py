@@ -95,6 +95,16 @@ def test_a_skipped_item_is_never_generated_and_is_counted_as_filtered() -> None:
     below = _ScoringEngine(-0.05)
     report = asyncio.run(rollout_group(below, generated, algorithm, item, 4, 0, _gate(tok, 0.68)))
     assert (report.outcome, report.reason) == ("failed", "episode_error:RuntimeError")
+    ignoring = _ScoringEngine(-0.05)
+
+    async def sampled(request):  # an engine without teacher forcing: it samples
+        n = len(request.forced_ids)
+        return GenerationResult(request.prompt_ids, [9] * n, [-0.05] * n, [0] * n, "length")
+
+    ignoring.agenerate = sampled
+    report = asyncio.run(rollout_group(ignoring, episode, algorithm, item, 4, 0, _gate(tok, 0.5)))
+    assert (report.outcome, report.reason) == ("failed", "selection_error:RuntimeError")
+    assert "ignored forced_ids" in report.detail
     broken = _ScoringEngine(None)  # a scoring failure is a recorded failure, not a skip
     report = asyncio.run(rollout_group(broken, episode, algorithm, item, 4, 0, _gate(tok)))
     assert (report.outcome, report.reason) == ("failed", "selection_error:RuntimeError")

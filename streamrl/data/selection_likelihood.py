@@ -64,6 +64,11 @@ class LikelihoodGate:
         params = replace(self.sampling, max_new_tokens=len(target), stop=[], stop_token_ids=[])
         request = GenerationRequest(encode_prompt(self.tokenizer, item), params, 0, target)
         result = await engine.agenerate(request)
+        if result.token_ids != target[: len(result.token_ids)]:
+            raise RuntimeError(
+                f"the inference engine {type(engine).__name__} ignored forced_ids (it sampled "
+                "instead of scoring the reference), so selection.kind=likelihood cannot use it"
+            )
         if len(result.logprobs) < len(target):  # cut by the engine's max_seq_len
             return None
         return math.exp(self.group_size * sum(result.logprobs))
