@@ -176,6 +176,12 @@ def check_selection(cfg: Config) -> None:
                 f"selection.kind=likelihood scores one reference completion per item, so it "
                 f"needs rollout.episode=single_turn (got {cfg.rollout.episode!r})"
             )
+        if cfg.rollout.ignore_eos:
+            raise PreflightError(
+                "selection.kind=likelihood scores the reference answer up to its EOS, but "
+                "rollout.ignore_eos=true samples past EOS, so the score would not bound the "
+                "success rate; set rollout.ignore_eos=false or selection.kind=none"
+            )
         return
     g = cfg.rollout.group_size
     prior = all_equal_probability(sel.prior_alpha, sel.prior_beta, g)

@@ -115,6 +115,9 @@ def test_likelihood_selection_needs_single_turn_episodes() -> None:
     cfg = load_config(None, ["selection.kind=likelihood", "rollout.episode=agent"])
     with pytest.raises(PreflightError, match=r"selection\.kind=likelihood .*=single_turn"):
         check_selection(cfg)
+    cfg = load_config(None, ["selection.kind=likelihood", "rollout.ignore_eos=true"])
+    with pytest.raises(PreflightError, match=r"rollout\.ignore_eos=true samples past EOS"):
+        check_selection(cfg)
     check_selection(load_config(None, ["selection.kind=likelihood", "selection.threshold=0.1"]))
 
 

@@ -25,7 +25,9 @@ reference (its prompt is shared with the group's by the engine's prefix reuse), 
 costs about 1/G of a group on a direct-answer task and far less when completions are
 long and the reference short. It does not help when the policy reasons before answering:
 the probability of the bare reference right after the prompt is then tiny, and nothing
-is skipped (safe, and useless).
+is skipped (safe, and useless). On the main job it does not pay: it removes 12% of the
+dropped groups, and its scoring requests cost more decode steps than that saves
+(``benchmarks/results/selection.md``).
 
 ``benchmarks/bench_selection_bound.py`` measures how good ``p_hat`` is against the
 outcomes of fresh groups (correlation ~0.8-0.9 with the prompt's success rate, better
