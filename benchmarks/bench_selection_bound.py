@@ -6,13 +6,14 @@ generated. This script measures the best any per-prompt predictor could do, for 
 checkpoint, on fresh draws of the task:
 
 1. For each of ``--items`` training items it draws ``--samples`` completions (the run's
-   sampling: temperature 1, ``rollout.max_new_tokens``) and scores them with the run's
-   correctness reward.
+   own sampling parameters, ``rollout.*``) and scores them with the run's correctness
+   reward.
 2. Samples ``[0, S/2)`` are the *history*: what a per-prompt Beta-Bernoulli posterior
    would know after S/2 earlier samples of this prompt at the current policy (far more
    than the main job ever has: about 80% of its draws are first draws).
-3. ``p_hat`` is the policy's own probability of the reference answer (teacher-forced:
-   the SFT demonstration, answer + EOS), a predictor that needs no history at all.
+3. ``p_hat`` is the policy's own probability of the reference answer (answer + EOS,
+   teacher-forced by the engine exactly as ``selection.kind=likelihood`` scores it), a
+   predictor that needs no history at all.
 4. Samples ``[S/2, S)`` are the *future*: cut into disjoint groups of ``G``, their
    all-equal rate is an unbiased estimate of the drop rate of the items a predictor keeps.
 
@@ -40,8 +41,8 @@ this is about right for a direct-answer task and pessimistic when completions ar
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import math
 import time
 from pathlib import Path
 
@@ -50,11 +51,12 @@ import torch
 
 from streamrl.config import load_config
 from streamrl.data import build_task_source
+from streamrl.data.selection_likelihood import LikelihoodGate
 from streamrl.engines.inference import LocalEngine
+from streamrl.episodes import sampling_params
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rewards import build_reward
-from streamrl.sft import demonstration
 from streamrl.types import GenerationRequest, SamplingParams
 
 KEEP = (1.0, 0.8, 0.5, 0.3, 0.2)
@@ -70,33 +72,26 @@ def load_state(run: Path, state: str) -> torch.nn.Module:
     return model.eval()
 
 
-@torch.no_grad()
-def reference_probability(model, tokenizer, items, temperature: float) -> np.ndarray:
-    """P(the policy samples exactly the reference demonstration) per item."""
-    out = []
-    for item in items:
-        demo = demonstration(tokenizer, item, item.answer)
-        ids, mask = demo.input_ids, demo.loss_mask
-        logits = model(ids[None]).logits[0, :-1].float() / temperature
-        lp = torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0]
-        out.append(math.exp(float(lp[mask[1:]].sum())))
-    return np.array(out)
+def reference_probability(engine, tokenizer, items, params: SamplingParams) -> np.ndarray:
+    """p_hat per item, scored exactly as selection.kind=likelihood scores it (the gate with
+    G = 1 returns p_hat itself); all items are scored in one engine batch."""
+    gate = LikelihoodGate(tokenizer, params, group_size=1, threshold=0.5)
+
+    async def score() -> list[float | None]:
+        return await asyncio.gather(*(gate.p_all_correct(engine, item) for item in items))
+
+    return np.array([p if p is not None else 0.0 for p in asyncio.run(score())])
 
 
-def sampled_successes(model, tokenizer, items, cfg, samples: int, seed: int) -> np.ndarray:
+def sampled_successes(engine, tokenizer, items, cfg, params, samples: int, seed: int):
     """(items, samples) 0/1 outcomes of the run's correctness reward."""
     reward = build_reward(cfg.reward)
-    params = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        stop_token_ids=[tokenizer.eos_token_id],
-    )
     requests = [
         GenerationRequest(encode_prompt(tokenizer, item), params, seed * 10**6 + i * samples + j)
         for i, item in enumerate(items)
         for j in range(samples)
     ]
-    results = LocalEngine(model, tokenizer).generate(requests)
+    results = engine.generate(requests)
     scores = []
     for k, res in enumerate(results):
         text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
@@ -217,8 +212,12 @@ def main() -> None:
         t0 = time.perf_counter()
         model = load_state(args.run, state)
         _, tokenizer = load_model_and_tokenizer(str(args.run / "model"))
-        p_hat = reference_probability(model, tokenizer, items, cfg.rollout.temperature)
-        successes = sampled_successes(model, tokenizer, items, cfg, args.samples, args.seed)
+        engine, params = LocalEngine(model, tokenizer), sampling_params(cfg, tokenizer)
+        p_hat = reference_probability(engine, tokenizer, items, params)
+        successes = sampled_successes(
+            engine, tokenizer, items, cfg, params, args.samples, args.seed
+        )
+        engine.close()
         result = analyse(successes, p_hat, g)
         report[state] = result
         print(
