@@ -45,6 +45,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,13 +64,14 @@ KEEP = (1.0, 0.8, 0.5, 0.3, 0.2)
 THRESHOLDS = (0.3, 0.5, 0.7, 0.8, 0.9)  # selection.kind=likelihood's selection.threshold
 
 
-def load_state(run: Path, state: str) -> torch.nn.Module:
-    """``model`` (the run's final weights) or a checkpoint directory's trainer weights."""
-    model, _ = load_model_and_tokenizer(str(run / "model"))
+def load_state(run: Path, state: str) -> tuple[torch.nn.Module, Any]:
+    """``model`` (the run's final weights) or a checkpoint directory's trainer weights,
+    and the run's tokenizer."""
+    model, tokenizer = load_model_and_tokenizer(str(run / "model"))
     if state != "model":
         weights = torch.load(run / state / "trainer.pt", map_location="cpu", weights_only=False)
         model.load_state_dict(weights["model"])
-    return model.eval()
+    return model.eval(), tokenizer
 
 
 def reference_probability(engine, tokenizer, items, params: SamplingParams) -> np.ndarray:
@@ -104,13 +106,27 @@ def all_equal(p: np.ndarray, g: int) -> np.ndarray:
     return p**g + (1 - p) ** g
 
 
+def per_consumed(spent: float, drop_rate: float) -> float:
+    """Per issued item ``spent``, per consumed (kept) group: inf when nothing is kept."""
+    return spent / (1 - drop_rate) if drop_rate < 1 else float("inf")
+
+
+def dropped_ratio(drop_rate: float, base: float) -> float:
+    """Dropped groups per consumed group, relative to no selection (0.5 = halved)."""
+    return (
+        per_consumed(drop_rate, drop_rate) / per_consumed(base, base)
+        if 0 < base < 1
+        else float("nan")
+    )
+
+
 def analyse(successes: np.ndarray, p_hat: np.ndarray, g: int) -> dict:
     half = successes.shape[1] // 2
     history, future = successes[:, :half], successes[:, half:]
     groups = future[:, : (future.shape[1] // g) * g].reshape(len(future), -1, g)
     future_all_equal = (groups.min(2) == groups.max(2)).mean(1)  # per item, unbiased
     base = future_all_equal.mean()
-    base_cost = g / (1 - base)  # sequences generated per consumed group, no selection
+    base_cost = per_consumed(g, base)  # sequences generated per consumed group, no selection
     rows = []
     for name, predicted in (
         ("history", all_equal(history.mean(1), g)),
@@ -120,9 +136,9 @@ def analyse(successes: np.ndarray, p_hat: np.ndarray, g: int) -> dict:
         for keep in KEEP:
             kept = order[: max(1, int(round(keep * len(order))))]
             d = float(future_all_equal[kept].mean())
-            ratio = (d / (1 - d)) / (base / (1 - base)) if 0 < base < 1 and d < 1 else float("nan")
+            ratio = dropped_ratio(d, base)
             # the history predictor needs no scoring request, p_hat one per drawn item
-            cost = (g + (1 / keep if name == "p_hat" and keep < 1 else 0)) / (1 - d)
+            cost = per_consumed(g + (1 / keep if name == "p_hat" and keep < 1 else 0), d)
             rows.append(
                 {
                     "predictor": f"{name}, lowest first",
@@ -142,8 +158,8 @@ def analyse(successes: np.ndarray, p_hat: np.ndarray, g: int) -> dict:
             continue
         d = float((q * future_all_equal).sum() / q.sum())
         kept = float(q.mean())
-        ratio = (d / (1 - d)) / (base / (1 - base))
-        cost = (g + 1 / kept) / (1 - d)
+        ratio = dropped_ratio(d, base)
+        cost = per_consumed(g + 1 / kept, d)
         rows.append(
             {
                 "predictor": f"gate: skip p_hat^G > {tau}",
@@ -162,14 +178,14 @@ def analyse(successes: np.ndarray, p_hat: np.ndarray, g: int) -> dict:
         informative = (groups.min(2) != groups.max(2)) & ~stopped
         d = float(1 - informative.mean())
         spent = float(np.where(stopped, k, g).mean())
-        ratio = (d / (1 - d)) / (base / (1 - base))
+        ratio = dropped_ratio(d, base)
         rows.append(
             {
                 "predictor": f"first {k} equal: stop the group",
                 "keep": float(1 - stopped.mean()),
                 "drop_rate": d,
                 "dropped_ratio": ratio,
-                "cost_ratio": spent / (1 - d) / base_cost,
+                "cost_ratio": per_consumed(spent, d) / base_cost,
             }
         )
     p_future = future.mean(1)
@@ -210,8 +226,7 @@ def main() -> None:
     report = {"run": str(args.run), "group_size": g, "items": args.items, "samples": args.samples}
     for state in args.states:
         t0 = time.perf_counter()
-        model = load_state(args.run, state)
-        _, tokenizer = load_model_and_tokenizer(str(args.run / "model"))
+        model, tokenizer = load_state(args.run, state)
         engine, params = LocalEngine(model, tokenizer), sampling_params(cfg, tokenizer)
         p_hat = reference_probability(engine, tokenizer, items, params)
         successes = sampled_successes(

@@ -134,6 +134,13 @@ class RolloutWorker:
             self.emit(report)
 
 
+def _failed(index: int, kind: str, error: BaseException) -> GroupRejected:
+    """A failed item whose detail is a one-line summary first (what the console and
+    errors quote), then the traceback."""
+    detail = describe_error(error) + "\n" + "".join(traceback.format_exception(error)).strip()
+    return GroupRejected(index, "failed", f"{kind}:{type(error).__name__}", detail)
+
+
 async def rollout_group(
     engine: InferenceEngine,
     episode: Episode,
@@ -152,10 +159,7 @@ async def rollout_group(
         except asyncio.CancelledError:
             return None
         except Exception as e:  # a scoring failure is recorded, like an episode's
-            detail = describe_error(e) + "\n" + "".join(traceback.format_exception(e)).strip()
-            return GroupRejected(
-                item.index, "failed", f"selection_error:{type(e).__name__}", detail
-            )
+            return _failed(item.index, "selection_error", e)
         if skipped is not None:
             detail = f"predicted P(all {group_size} correct) >= {skipped:.4f}"
             return GroupRejected(item.index, "filtered", "predicted_all_correct", detail)
@@ -167,9 +171,7 @@ async def rollout_group(
     index = item.index
     for r in results:
         if isinstance(r, BaseException):
-            # a one-line summary first (it is what the console and errors quote)
-            detail = describe_error(r) + "\n" + "".join(traceback.format_exception(r)).strip()
-            return GroupRejected(index, "failed", f"episode_error:{type(r).__name__}", detail)
+            return _failed(index, "episode_error", r)
     if any(r is None for r in results):
         return GroupRejected(index, "filtered", "episode_rejected")
     trajectories: list[Trajectory] = list(results)
