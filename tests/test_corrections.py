@@ -48,6 +48,18 @@ def test_mismatch_metrics_use_the_newest_weights_tokens():
     assert m["mismatch/kl"] == pytest.approx((1 - math.log(2.0)) / 2)
 
 
+def test_a_tiny_mismatch_is_not_cancelled_to_zero():
+    """log r = 3e-5 per token (fp16 engine weights): k3 = e^x - 1 - x = x^2/2 + x^3/6 + ...
+    is 4.5e-10, below float32's resolution of r - 1."""
+    x = 3e-5
+    trainer = torch.tensor([[-1.0 + x, -2.0 + x]])
+    behave = torch.tensor([[-1.0, -2.0]])
+    lr = float((trainer - behave)[0, 0])  # the float32 difference actually seen
+    m = mismatch_metrics(trainer, behave, torch.zeros(1, 2, dtype=torch.long), M[:, :2])
+    assert m["mismatch/kl"] == pytest.approx(math.expm1(lr) - lr, rel=0.05)
+    assert m["mismatch/kl"] == pytest.approx(x * x / 2, rel=0.2)
+
+
 def test_the_rl_loss_reports_mismatch_and_applies_the_correction():
     n, t = 1, 3
     mask = torch.tensor([[False, True, True]])
