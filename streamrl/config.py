@@ -117,6 +117,13 @@ class RolloutConfig(_Section):
     decode_slots: int = Field(
         64, ge=1, description="Sequences the inference engine decodes at once (its KV-cache slots)."
     )
+    engine_weights: Literal["float32", "float16"] = Field(
+        "float32",
+        description="Rollout engine weights. 'float16': linear layers read packed fp16 weights "
+        "(FBGEMM, fp32 math; CPU, fp32 models): SmolLM2 decode steps ~1.4x faster. "
+        "The trainer and evaluation stay fp32; the gap shows in mismatch/* "
+        "(see algorithm.is_correction).",
+    )
     max_consecutive_failures: int = Field(
         100,
         ge=0,

@@ -23,6 +23,7 @@ from streamrl.data.logged import load_completions, load_preferences
 from streamrl.data.selection import all_equal_probability
 from streamrl.episodes import episode_kinds
 from streamrl.models.loading import check_model_source
+from streamrl.models.policies import POLICY_PRESETS
 from streamrl.rewards import CompositeReward, build_reward, get_reward, reward_names
 from streamrl.types import Item
 
@@ -114,6 +115,26 @@ def check_device(device: str) -> None:
         )
     if device not in ("cpu", "auto") and not device.startswith("cuda"):
         raise PreflightError(f"runtime.device={device}: expected 'cpu', 'cuda[:N]' or 'auto'")
+
+
+def check_engine_weights(cfg: Config) -> None:
+    """rollout.engine_weights=float16 packs fp32 CPU weights of a language model."""
+    if cfg.rollout.engine_weights == "float32":
+        return
+    key = f"rollout.engine_weights={cfg.rollout.engine_weights}"
+    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+        raise PreflightError(f"{key} applies to language-model engines, not environment policies")
+    device = cfg.runtime.device
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        raise PreflightError(
+            f"{key} packs weights for FBGEMM, a CPU kernel library, but runtime.device="
+            f"{device} runs on a GPU; set rollout.engine_weights=float32 (or "
+            "model.dtype=bfloat16 for half-size weights on a GPU)"
+        )
+    if cfg.model.dtype != "float32":
+        raise PreflightError(
+            f"{key} packs fp32 weights, but model.dtype={cfg.model.dtype}; set model.dtype=float32"
+        )
 
 
 def check_domains(cfg: Config, source: TaskSource) -> None:
@@ -217,6 +238,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     source's DataError, which names file and line)."""
     check_gpus(cfg)  # first: a ray/cuda mismatch is the config's fault on any machine
     check_device(cfg.runtime.device)
+    check_engine_weights(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "

@@ -56,7 +56,11 @@ def make_backend(
         def make(w: int, emit):
             model = engine_model if w == 0 else copy.deepcopy(engine_model)
             engine = make_inference_engine(
-                model, tokenizer, decode_slots=cfg.rollout.decode_slots, device=device
+                model,
+                tokenizer,
+                decode_slots=cfg.rollout.decode_slots,
+                device=device,
+                weights=cfg.rollout.engine_weights,
             )
             engine.update_weights(weights, version)
             return engine, make_worker(cfg, engine, tokenizer, emit)

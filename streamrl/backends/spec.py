@@ -63,5 +63,6 @@ class WorkerSpec:
             decode_slots=self.cfg.rollout.decode_slots,
             device=self.device,
             version=-1,
+            weights=self.cfg.rollout.engine_weights,
         )
         return engine, make_worker(self.cfg, engine, self.tokenizer, emit)

@@ -76,7 +76,11 @@ class EndpointPool(PoolBooks):
         self.cfg, self.tokenizer, self.stream, self.run_dir = cfg, tokenizer, stream, run_dir
         self.log = logger or logging.getLogger("streamrl.endpoint")
         self.engine = engine or LocalEngine(
-            engine_model, tokenizer, decode_slots=cfg.rollout.decode_slots, device=device
+            engine_model,
+            tokenizer,
+            decode_slots=cfg.rollout.decode_slots,
+            device=device,
+            weights=cfg.rollout.engine_weights,
         )
         self.engine.update_weights(weights, version)
         self.algorithm = build_algorithm(cfg)

@@ -21,6 +21,7 @@ def make_inference_engine(
     device: str = "cpu",
     decode_slots: int = 64,
     version: int = 0,
+    weights: str = "float32",
 ) -> Any:
     if is_policy(model):
         from streamrl.engines.policy import PolicyEngine
@@ -28,7 +29,14 @@ def make_inference_engine(
         return PolicyEngine(model, device=device, version=version)
     from streamrl.engines.inference import LocalEngine
 
-    return LocalEngine(model, tokenizer, decode_slots=decode_slots, device=device, version=version)
+    return LocalEngine(
+        model,
+        tokenizer,
+        decode_slots=decode_slots,
+        device=device,
+        version=version,
+        weights=weights,  # type: ignore[arg-type]
+    )
 
 
 def make_train_engine(model: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -> Any:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
+from streamrl.engines.quantize import EngineWeights, pack_linears, repack
 from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
 from streamrl.types import GenerationRequest, GenerationResult
 
@@ -86,6 +87,9 @@ class LocalEngine:
     max_seq_len:    prompt + generated tokens per sequence; defaults to the model's
                     ``max_position_embeddings``. KV buffers grow lazily up to it.
     version:        weight version stamped on tokens until the first update.
+    weights:        "float16" runs every linear layer on packed fp16 weights (CPU,
+                    fp32 models; see :mod:`streamrl.engines.quantize`), re-packed
+                    after each weight update; "float32" (default) uses the model as is.
     """
 
     def __init__(
@@ -97,10 +101,12 @@ class LocalEngine:
         max_seq_len: int | None = None,
         device: str | torch.device = "cpu",
         version: int = 0,
+        weights: EngineWeights = "float32",
     ) -> None:
         if decode_slots < 1:
             raise ValueError(f"decode_slots must be >= 1, got {decode_slots}")
         self.model = model.to(device).eval()
+        self.packed = pack_linears(self.model, weights) > 0
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.decode_slots = decode_slots
@@ -296,6 +302,8 @@ class LocalEngine:
         state_dict, version = pending
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=False)  # in-place copy_
+            if self.packed:  # only the layers whose weights arrived
+                repack(self.model, state_dict.keys())
         self.version = version
         self.stats.weight_updates += 1
 

@@ -1,0 +1,122 @@
+"""Half-size weights for the CPU inference engine (``rollout.engine_weights``).
+
+A decode step on CPU is bound by reading the weights (see
+``benchmarks/results/engine.md``). ``float16`` packs every linear layer's weight
+in fp16 for FBGEMM, which converts it to fp32 inside the matrix kernel: half the
+bytes per step, fp32 activations and accumulation, outputs within ~2e-4 relative
+of fp32 (a next-token KL of ~4e-6 nats on SmolLM2).
+
+The engine then samples from a policy a little different from the fp32 trainer's.
+Its log-probs stay exact for the distribution it sampled from (they are the
+behaviour log-probs); the trainer reports the gap in ``mismatch/*`` and can
+correct it with ``algorithm.is_correction`` (tis, mis, icepop), as bf16 / FP8
+rollout engines do on GPUs.
+
+(int8 weights with FBGEMM's per-tensor dynamic activations were measured too and
+left out: on SmolLM2 they move the next-token distribution by ~2 nats of KL.)
+
+The fp32 weights stay in the model: the state dict, weight updates and tied
+embeddings work unchanged, and :func:`repack` re-packs them after every update.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EngineWeights = Literal["float32", "float16"]
+
+# A large layer (a 49k-row vocabulary head) is packed in blocks of output rows: in
+# isolation FBGEMM packed SmolLM2's head in 4096-row blocks in 0.52 s against 0.85 s
+# whole, and the blocked forward over 16 rows took 18.9 ms against 22.3 ms.
+ROWS_PER_BLOCK = 4096
+
+
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward runs on a packed fp16 copy of its weight.
+
+    Made by swapping the class of an existing ``nn.Linear`` (:func:`pack_linears`),
+    so its parameters, state-dict keys and weight tying are those of the original.
+    """
+
+    _packed: list[object]
+
+    def repack(self) -> None:
+        w = self.weight.detach().float()
+        b = None if self.bias is None else self.bias.detach().float()
+        with warnings.catch_warnings():  # FBGEMM's quantized ops warn they are deprecated
+            warnings.simplefilter("ignore")
+            self._packed = [
+                torch.ops.quantized.linear_prepack_fp16(
+                    w[i : i + ROWS_PER_BLOCK].contiguous(),
+                    None if b is None else b[i : i + ROWS_PER_BLOCK].contiguous(),
+                )
+                for i in range(0, w.shape[0], ROWS_PER_BLOCK)
+            ]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            return F.linear(x, self.weight, self.bias)  # packed weights have no gradient
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).float().contiguous()
+        parts = [torch.ops.quantized.linear_dynamic_fp16(flat, p) for p in self._packed]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return y.reshape(*shape[:-1], y.shape[-1]).to(x.dtype)
+
+
+def pack_linears(model: nn.Module, weights: EngineWeights) -> int:
+    """Makes every ``nn.Linear`` of ``model`` compute with ``weights``-precision weights.
+
+    Returns how many layers were packed (0 for ``float32``, which changes nothing).
+    Raises a ValueError when the model is not an fp32 model on the CPU, or when this
+    torch build has no FBGEMM kernels.
+    """
+    if weights == "float32":
+        return 0
+    if weights != "float16":
+        raise ValueError(f"engine weights must be float32 or float16, got {weights!r}")
+    param = next(model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        raise ValueError(
+            f"engine weights={weights} packs fp32 CPU weights for FBGEMM; this model is "
+            f"{param.dtype} on {param.device.type}"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError(f"engine weights={weights} needs FBGEMM, which this torch lacks")
+    n = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = PackedLinear
+            module.repack()
+            n += 1
+    return n
+
+
+def repack(model: nn.Module, names: Iterable[str] | None = None) -> int:
+    """Re-packs the packed layers whose weight or bias is among the parameter ``names``
+    just loaded (all of them when ``names`` is None); returns how many it re-packed.
+
+    Names are matched through storage, so a head tied to the embedding re-packs when
+    only ``model.embed_tokens.weight`` arrives. (The trainer publishes its whole state
+    dict, so a run re-packs every layer; a partial update re-packs only its layers.)
+    """
+    if names is None:
+        changed = None
+    else:
+        params = dict(model.named_parameters(remove_duplicate=False))
+        changed = {params[n].data_ptr() for n in names if n in params}
+    n = 0
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            ptrs = {module.weight.data_ptr()}
+            if module.bias is not None:
+                ptrs.add(module.bias.data_ptr())
+            if changed is None or ptrs & changed:
+                module.repack()
+                n += 1
+    return n
