@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from streamrl.launch import train
 from streamrl.stream import Group
 from streamrl.timing import StageTimer
 from streamrl.types import Trajectory
+from tests.tiny_run import metric_rows, tiny_rl_config
 
 
 def _traj(reward: float, mask: list[bool]) -> Trajectory:
@@ -61,31 +61,22 @@ def test_token_gae_rewards_the_last_generated_token_and_skips_observations():
 
 
 def test_lm_value_head_trains_through_the_pipeline(tmp_path: Path):
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "algorithm.advantage=gae",
-            "algorithm.gamma=1.0",
-            "reward.components=[{name: numeric_match}, "
-            "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=4",
-            "train.items_per_step=4",
-            "train.steps=6",
-            "train.lr=0.003",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-        ],
+    cfg = tiny_rl_config(
+        tmp_path,
+        "algorithm.advantage=gae",
+        "algorithm.gamma=1.0",
+        "reward.components=[{name: numeric_match}, "
+        "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "train.items_per_step=4",
+        "train.steps=6",
+        "train.lr=0.003",
     )
     result = train(cfg)
     head = result.trainer.value_head
     assert head is not None and head.weight.abs().sum() > 0  # it learned (zero at start)
-    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(result.run_dir)
     losses = [r["value_loss"] for r in rows if "value_loss" in r]
     assert len(losses) == 6 and all(x == x for x in losses)  # no NaN
     assert "time/values" in rows[1]

@@ -5,20 +5,19 @@ Qwen-style template with a tool role); malformed calls, budgets and final answer
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from streamrl.config import load_config
 from streamrl.episodes.agent import AgentEpisode
 from streamrl.launch import train
 from streamrl.models import build_char_tokenizer
 from streamrl.rewards import CompositeReward
 from streamrl.tools import build_tools, get_tool_parser
 from streamrl.types import GenerationResult, Item, SamplingParams
+from tests.tiny_run import metric_rows, tiny_rl_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -182,31 +181,21 @@ def test_final_answer_and_the_token_budget() -> None:
 
 
 def test_agent_episodes_train_through_the_pipeline(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "rollout.episode=agent",
-            "rollout.stop=['\\n']",
-            "rollout.max_new_tokens=12",
-            "rollout.group_size=2",
-            "agent.tools=[calculator]",
-            "agent.tool_parser=pythonic",
-            "agent.max_turns=2",
-            "algorithm.dynamic_sampling=false",
-            "train.items_per_step=2",
-            "train.steps=2",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-        ],
+    cfg = tiny_rl_config(
+        tmp_path,
+        "rollout.episode=agent",
+        "rollout.stop=['\\n']",
+        "rollout.max_new_tokens=12",
+        "rollout.group_size=2",
+        "agent.tools=[calculator]",
+        "agent.tool_parser=pythonic",
+        "agent.max_turns=2",
+        "algorithm.dynamic_sampling=false",
+        "train.items_per_step=2",
+        "train.steps=2",
     )
     result = train(cfg)
-    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(result.run_dir)
     assert result.summary["stream/consumed"] == 4
     turns = [r["agent/turns"] for r in rows if "agent/turns" in r]
     assert turns and all(t >= 1 for t in turns)

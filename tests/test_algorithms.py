@@ -25,6 +25,7 @@ from streamrl.models import load_model_and_tokenizer
 from streamrl.stream import Group
 from streamrl.timing import StageTimer
 from streamrl.types import Item, Trajectory
+from tests.tiny_run import tiny_rl_config
 
 
 def traj(reward: float, item: int, prompt: int = 2, gen: int = 3) -> Trajectory:
@@ -147,23 +148,13 @@ class SignOfReward(PolicyGradient):
 
 
 def test_a_registered_algorithm_runs_through_the_unchanged_controller(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "algorithm.advantage=test_sign",
-            "algorithm.dynamic_sampling=false",
-            "rollout.group_size=2",
-            "train.items_per_step=2",
-            "train.steps=2",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-        ],
+    cfg = tiny_rl_config(
+        tmp_path,
+        "algorithm.advantage=test_sign",
+        "algorithm.dynamic_sampling=false",
+        "rollout.group_size=2",
+        "train.items_per_step=2",
+        "train.steps=2",
     )
     result = train(cfg)
     assert result.summary["stream/consumed"] == 4
