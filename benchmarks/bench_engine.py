@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import statistics
@@ -148,7 +149,7 @@ def matmul_floor(model: torch.nn.Module, rows: int, repeats: int = 20) -> float:
     over ``rows`` inputs: the weight-reading floor of a decode step at that batch, which
     no engine with the same weights and dtype goes below."""
     p = next(model.parameters())
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # packed ones too
     xs = {
         m.in_features: torch.randn(rows, m.in_features, device=p.device, dtype=p.dtype)
         for m in linears
@@ -158,7 +159,7 @@ def matmul_floor(model: torch.nn.Module, rows: int, repeats: int = 20) -> float:
         for _ in range(repeats + 2):
             t0 = time.perf_counter()
             for m in linears:
-                torch.nn.functional.linear(xs[m.in_features], m.weight, m.bias)
+                m(xs[m.in_features])
             if p.is_cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -178,6 +179,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="'cpu' or 'cuda'")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument(
+        "--engine-weights",
+        nargs="+",
+        choices=["float32", "float16"],
+        default=["float32"],
+        help="engine variants to time against generate (rollout.engine_weights); "
+        "'float16' packs a copy of the model, generate always runs the unpacked model",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -189,7 +198,16 @@ def main() -> None:
     )
     prompts = [pool[i % len(pool)] for i in range(args.n_prompts)]
     max_len = max(map(len, prompts)) + args.max_new_tokens
-    engine = LocalEngine(model, decode_slots=args.batch, max_seq_len=max_len, device=args.device)
+    engines = {
+        w: LocalEngine(
+            model if w == "float32" else copy.deepcopy(model),
+            decode_slots=args.batch,
+            max_seq_len=max_len,
+            device=args.device,
+            weights=w,
+        )
+        for w in args.engine_weights
+    }
 
     workloads = ["eos", "fixed"] if args.workload == "both" else [args.workload]
     rows = []
@@ -197,44 +215,52 @@ def main() -> None:
         stop_ids = eos_ids if wl == "eos" else []
         # warm-up: one short batch through each path
         run_hf(model, prompts[: args.batch], stop_ids, args.batch, 8, 0)
-        run_engine(engine, prompts[: args.batch], stop_ids, 8, 10_000)
-        hf, ours = [], []
-        for r in range(args.repeats):  # interleaved, so load drift hits both alike
+        for engine in engines.values():
+            run_engine(engine, prompts[: args.batch], stop_ids, 8, 10_000)
+        hf: list[tuple[int, float, float]] = []
+        ours: dict[str, list[tuple[int, float, float]]] = {w: [] for w in engines}
+        for r in range(args.repeats):  # interleaved, so load drift hits every side alike
             torch.manual_seed(r)
             hf.append(
                 timed(
                     lambda s=stop_ids: run_hf(model, prompts, s, args.batch, args.max_new_tokens, 0)
                 )
             )
-            before = dataclasses.replace(engine.stats)
-            ours.append(
-                timed(
-                    lambda s=stop_ids, r=r: run_engine(
-                        engine, prompts, s, args.max_new_tokens, 1000 * r
+            line = (
+                f"[{wl} rep {r}] HF {hf[-1][0] / hf[-1][1]:.1f} tok/s ({hf[-1][0]} tok, "
+                f"{hf[-1][1]:.1f}s wall, {hf[-1][2]:.1f}s cpu)"
+            )
+            for w, engine in engines.items():
+                before = dataclasses.replace(engine.stats)
+                ours[w].append(
+                    timed(
+                        lambda s=stop_ids, r=r, e=engine: run_engine(
+                            e, prompts, s, args.max_new_tokens, 1000 * r
+                        )
                     )
                 )
-            )
-            st = engine.stats
-            print(
-                f"[{wl} rep {r}] HF {hf[-1][0] / hf[-1][1]:.1f} tok/s ({hf[-1][0]} tok, {hf[-1][1]:.1f}s wall,"
-                f" {hf[-1][2]:.1f}s cpu) | engine {ours[-1][0] / ours[-1][1]:.1f} tok/s ({ours[-1][0]} tok,"
-                f" {ours[-1][1]:.1f}s wall, {ours[-1][2]:.1f}s cpu; {st.decode_steps - before.decode_steps}"
-                f" decode steps, {st.prefill_tokens - before.prefill_tokens} prompt tokens computed,"
-                f" {st.prefix_tokens_reused - before.prefix_tokens_reused} reused)",
-                flush=True,
-            )
+                st, (n, t, c) = engine.stats, ours[w][-1]
+                line += (
+                    f" | engine[{w}] {n / t:.1f} tok/s ({n} tok, {t:.1f}s wall, {c:.1f}s cpu;"
+                    f" {st.decode_steps - before.decode_steps} decode steps,"
+                    f" {st.prefill_tokens - before.prefill_tokens} prompt tokens computed,"
+                    f" {st.prefix_tokens_reused - before.prefix_tokens_reused} reused)"
+                )
+            print(line, flush=True)
         med = statistics.median
-        rows.append(
-            (
-                wl,
-                med(n / t for n, t, _ in hf),
-                med(n / t for n, t, _ in ours),
-                med(n / c for n, _, c in hf),
-                med(n / c for n, _, c in ours),
-                med(n for n, _, _ in hf),
-                med(n for n, _, _ in ours),
+        for w, runs in ours.items():
+            rows.append(
+                (
+                    wl,
+                    w,
+                    med(n / t for n, t, _ in hf),
+                    med(n / t for n, t, _ in runs),
+                    med(n / c for n, _, c in hf),
+                    med(n / c for n, _, c in runs),
+                    med(n for n, _, _ in hf),
+                    med(n for n, _, _ in runs),
+                )
             )
-        )
 
     print(
         f"\nmodel={args.model} device={args.device} dtype={args.dtype}"
@@ -242,20 +268,20 @@ def main() -> None:
         f" max_new_tokens={args.max_new_tokens} threads={args.threads} repeats={args.repeats}"
     )
     print(
-        "| workload | HF generate tok/s | LocalEngine tok/s | speed-up (wall) |"
+        "| workload | engine weights | HF generate tok/s | LocalEngine tok/s | speed-up (wall) |"
         " speed-up (CPU time) | real tokens HF / engine |"
     )
-    print("|---|---|---|---|---|---|")
-    for wl, hf_w, our_w, hf_c, our_c, n_hf, n_ours in rows:
+    print("|---|---|---|---|---|---|---|")
+    for wl, w, hf_w, our_w, hf_c, our_c, n_hf, n_ours in rows:
         print(
-            f"| {wl} | {hf_w:.1f} | {our_w:.1f} | {our_w / hf_w:.2f}x | {our_c / hf_c:.2f}x |"
+            f"| {wl} | {w} | {hf_w:.1f} | {our_w:.1f} | {our_w / hf_w:.2f}x | {our_c / hf_c:.2f}x |"
             f" {n_hf:.0f} / {n_ours:.0f} |"
         )
-    for wl, hf_w, our_w, *_ in rows:
+    for wl, w, hf_w, our_w, *_ in rows:
         if wl == "fixed":  # every row is real: a step makes `batch` tokens on both sides
-            floor, hf_step = matmul_floor(model, args.batch), args.batch / hf_w
+            floor, hf_step = matmul_floor(engines[w].model, args.batch), args.batch / hf_w
             print(
-                f"fixed: HF {1e3 * hf_step:.1f} ms per decode step, engine "
+                f"fixed, engine weights {w}: HF {1e3 * hf_step:.1f} ms per decode step, engine "
                 f"{1e3 * args.batch / our_w:.1f} ms; the linear layers alone take "
                 f"{1e3 * floor:.1f} ms at {args.batch} rows, so no engine with these weights "
                 f"beats generate by more than {hf_step / floor:.2f}x here"

@@ -126,15 +126,17 @@ def plain_loop(budget: float, heldout: int, seed: int, out: Path) -> dict:
     return summary
 
 
-def streamrl_run(budget: float, heldout: int, seed: int, out: Path) -> dict:
+def streamrl_run(
+    budget: float, heldout: int, seed: int, out: Path, name: str = "streamrl", extra=()
+) -> dict:
     cmd = [
         sys.executable, "-m", "streamrl.cli", "train", "examples/smollm2.yaml", *WORKLOAD,
         f"run.max_rl_seconds={budget}", f"eval.heldout_size={heldout}", f"seed={seed}",
-        f"run.output_dir={out}", "run.name=streamrl", "run.save_weights=false",
-        "run.progress=false",
+        f"run.output_dir={out}", f"run.name={name}", "run.save_weights=false",
+        "run.progress=false", *extra,
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
-    s = json.loads((out / "streamrl" / "summary.json").read_text())
+    s = json.loads((out / name / "summary.json").read_text())
     return {
         "steps": s["steps"],
         "rl_time_s": s["rl_time_s"],
@@ -150,6 +152,14 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=["plain", "streamrl"])
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE,...",
+        help="an extra streamrl run with these overrides, e.g. "
+        "'fp16:rollout.engine_weights=float16' (repeatable; runs after the default one)",
+    )
     ap.add_argument("--out", default="runs/bench_rl_step")
     ap.add_argument("--plain-inline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -161,6 +171,11 @@ def main() -> None:
     results = {}
     if args.only in (None, "streamrl"):
         results["streamrl"] = streamrl_run(args.budget, args.heldout, args.seed, out)
+        for v in args.variant:
+            name, _, sets = v.partition(":")
+            results[f"streamrl {name}"] = streamrl_run(
+                args.budget, args.heldout, args.seed, out, f"streamrl-{name}", sets.split(",")
+            )
     if args.only in (None, "plain"):
         subprocess.run(
             [sys.executable, __file__, "--plain-inline", "--budget", str(args.budget),
