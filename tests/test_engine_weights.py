@@ -61,7 +61,7 @@ def test_weight_updates_repack_including_a_tied_head():
     )  # fmt: skip
     engine = LocalEngine(LlamaForCausalLM(cfg).eval(), decode_slots=4, weights="float16")
     new = LlamaForCausalLM(cfg).eval()  # other random weights
-    # a trainer publishes named_parameters: the tied head appears only as the embedding
+    # named_parameters() lists a tied head once, as the embedding: an update may lack it
     update = {k: v.detach().clone() for k, v in new.named_parameters()}
     assert "lm_head.weight" not in update
     engine.update_weights(update, version=3)
