@@ -65,7 +65,10 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
     # The engine decodes with its own copy of the weights (batched KV cache); every
     # generated token comes back with its behaviour log-prob and weight version.
     engine = LocalEngine(
-        copy.deepcopy(model).eval(), tokenizer, decode_slots=cfg.rollout.decode_slots
+        copy.deepcopy(model).eval(),
+        tokenizer,
+        decode_slots=cfg.rollout.decode_slots,
+        weights=cfg.rollout.engine_weights,
     )
     trainer = TrainEngine(
         model,
