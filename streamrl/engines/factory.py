@@ -3,9 +3,12 @@ environment policies. One place decides, so backends and evaluation agree."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from streamrl.engines.quantize import EngineWeights
 
 
 def is_policy(model: Any) -> bool:
@@ -21,7 +24,7 @@ def make_inference_engine(
     device: str = "cpu",
     decode_slots: int = 64,
     version: int = 0,
-    weights: str = "float32",
+    weights: EngineWeights = "float32",
 ) -> Any:
     if is_policy(model):
         from streamrl.engines.policy import PolicyEngine
@@ -35,7 +38,7 @@ def make_inference_engine(
         decode_slots=decode_slots,
         device=device,
         version=version,
-        weights=weights,  # type: ignore[arg-type]
+        weights=weights,
     )
 
 

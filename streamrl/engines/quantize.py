@@ -62,11 +62,11 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)  # packed weights have no gradient
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1]).float().contiguous()
+        shape = x.shape  # fp32, as pack_linears checked: FBGEMM wants a contiguous 2-D input
+        flat = x.reshape(-1, shape[-1]).contiguous()
         parts = [torch.ops.quantized.linear_dynamic_fp16(flat, p) for p in self._packed]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        return y.reshape(*shape[:-1], y.shape[-1]).to(x.dtype)
+        return y.reshape(*shape[:-1], y.shape[-1])
 
 
 def pack_linears(model: nn.Module, weights: EngineWeights) -> int:
