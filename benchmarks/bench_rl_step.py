@@ -160,6 +160,9 @@ def main() -> None:
         help="an extra streamrl run with these overrides, e.g. "
         "'fp16:rollout.engine_weights=float16' (repeatable; runs after the default one)",
     )
+    ap.add_argument(
+        "--no-default", action="store_true", help="run the variants without the default run"
+    )
     ap.add_argument("--out", default="runs/bench_rl_step")
     ap.add_argument("--plain-inline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -170,7 +173,8 @@ def main() -> None:
         return
     results = {}
     if args.only in (None, "streamrl"):
-        results["streamrl"] = streamrl_run(args.budget, args.heldout, args.seed, out)
+        if not args.no_default:
+            results["streamrl"] = streamrl_run(args.budget, args.heldout, args.seed, out)
         for v in args.variant:
             name, _, sets = v.partition(":")
             results[f"streamrl {name}"] = streamrl_run(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 # sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
 from streamrl.config_runtime import RuntimeConfig
@@ -40,11 +40,21 @@ class ModelConfig(_Section):
     )
     lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights (needs peft).")
     lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling alpha.")
+    lora_targets: list[str] = Field(
+        ["all-linear"],
+        description="Modules that get LoRA adapters: name suffixes ([q_proj, v_proj]) or "
+        "all-linear (every linear layer but the output head).",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of an environment policy (name_or_path: mlp | cnn): hidden "
         "(layer sizes), obs_norm (running observation normalisation), log_std (initial).",
     )
+
+    @field_validator("lora_targets", mode="before")
+    @classmethod
+    def _one_target(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
 
 class DataConfig(_Section):

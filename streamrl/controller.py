@@ -105,7 +105,11 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
     )
     if cfg.model.lora_rank > 0:
         return TrainEngine.from_lora(
-            model, r=cfg.model.lora_rank, alpha=cfg.model.lora_alpha, **kwargs
+            model,
+            r=cfg.model.lora_rank,
+            alpha=cfg.model.lora_alpha,
+            target_modules=cfg.model.lora_targets,
+            **kwargs,
         )
     return make_train_engine(model, seed=cfg.seed, **kwargs)
 

@@ -293,7 +293,8 @@ def test_lora_trains_only_adapters_and_merges_into_base() -> None:
     peft_model = apply_lora(model, r=4, alpha=8)
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    assert {n.split(".")[-4] for n in trainable} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    decoder = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert {n.split(".")[-4] for n in trainable} == decoder  # all linear, not the head
     assert 0 < count_parameters(peft_model, trainable_only=True) < total // 10
 
     peft_model.train()
@@ -318,6 +319,13 @@ def test_lora_trains_only_adapters_and_merges_into_base() -> None:
     plain.load_state_dict(merged, strict=True)
     torch.testing.assert_close(logits(plain), tuned, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits(peft_model), tuned)  # training model still unmerged
+
+
+def test_lora_target_list_adapts_only_those_modules() -> None:
+    model, _ = load_model_and_tokenizer("tiny-small", seed=7)
+    peft_model = apply_lora(model, r=2, target_modules=["q_proj", "v_proj"])
+    trainable = {n.split(".")[-4] for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert trainable == {"q_proj", "v_proj"}
 
 
 def test_merged_state_dict_of_plain_model_is_a_detached_copy() -> None:

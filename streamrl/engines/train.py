@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from streamrl.engines.kv_cache import LLAMA_FAMILY
 from streamrl.engines.optim import Optimized
 from streamrl.engines.packing import pack, packed_hidden
+from streamrl.models.lora import ALL_LINEAR, apply_lora, merged_state_dict
 from streamrl.types import Batch
 
 LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str, Any]]]
@@ -188,22 +189,13 @@ class TrainEngine(Optimized):
         model: torch.nn.Module,
         r: int = 8,
         alpha: float = 16,
-        target_modules: list[str] | tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+        target_modules: str | list[str] = ALL_LINEAR,
         *,
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> TrainEngine:
         """Wrap ``model`` with peft LoRA adapters; only the adapters are trained."""
-        from peft import LoraConfig, get_peft_model
-
-        config = LoraConfig(
-            r=r,
-            lora_alpha=alpha,
-            target_modules=list(target_modules),
-            lora_dropout=dropout,
-            bias="none",
-        )
-        return cls(get_peft_model(model, config), **kwargs)
+        return cls(apply_lora(model, r, alpha, dropout, target_modules), **kwargs)
 
     @property
     def is_lora(self) -> bool:
@@ -410,9 +402,7 @@ class TrainEngine(Optimized):
         With LoRA, each adapted weight is W + scale * B @ A, computed without touching
         the trained model (merge-then-unmerge would drift the base weights in float).
         """
-        if not self.is_lora:
-            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        return _merged_lora_state_dict(self.model)
+        return merged_state_dict(self.model)
 
     def save(self, path: str | Path, tokenizer: Any = None) -> None:
         """HF ``save_pretrained`` (safetensors) of the (merged) weights, plus the tokenizer."""
@@ -437,24 +427,3 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
         if isinstance(value, torch.Tensor):
             moved[f.name] = value.to(device)
     return dataclasses.replace(batch, **moved)
-
-
-@torch.no_grad()
-def _merged_lora_state_dict(peft_model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from peft.tuners.lora import LoraLayer
-
-    base = peft_model.get_base_model()
-    merged = {}
-    for key, value in base.state_dict().items():
-        if ".lora_" in key:  # adapter tensors: folded into the base weight below
-            continue
-        merged[key.replace(".base_layer", "")] = value.detach().to("cpu", copy=True)
-    for name, module in base.named_modules():
-        if not isinstance(module, LoraLayer) or module.merged:
-            continue
-        if getattr(module, "use_dora", {}) and any(module.use_dora.values()):
-            raise NotImplementedError("merging DoRA adapters is not supported")
-        for adapter in module.active_adapters:
-            if adapter in module.lora_A:
-                merged[f"{name}.weight"] += module.get_delta_weight(adapter).cpu()
-    return merged

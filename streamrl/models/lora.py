@@ -8,7 +8,10 @@ import warnings
 import torch
 from torch import nn
 
-LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Every linear layer of the decoder (peft leaves the output head out). "LoRA Without
+# Regret" (Schulman et al., 2025) finds attention-only adapters fall short of full
+# fine-tuning where adapters on the MLPs too match it, in RL as well.
+ALL_LINEAR = "all-linear"
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -19,21 +22,20 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 def apply_lora(
     model: nn.Module,
     r: int = 8,
-    alpha: int = 16,
+    alpha: float = 16,
     dropout: float = 0.0,
-    target_modules: list[str] | None = None,
+    target_modules: str | list[str] = ALL_LINEAR,
 ) -> nn.Module:
     """Wrap ``model`` with LoRA adapters; only the adapter weights stay trainable.
 
-    ``target_modules=None`` means the attention projections q/k/v/o of Llama-style
-    models, or peft's default for the architecture when those names do not exist.
+    ``target_modules`` is peft's: module name suffixes (``["q_proj", "v_proj"]``) or
+    ``"all-linear"`` (every linear layer but the output head).
     """
     from peft import LoraConfig, get_peft_model
 
-    if target_modules is None:
-        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        if set(LLAMA_LORA_TARGETS) <= names:
-            target_modules = list(LLAMA_LORA_TARGETS)
+    if not isinstance(target_modules, str) and list(target_modules) == [ALL_LINEAR]:
+        # peft takes this one as a string
+        target_modules = ALL_LINEAR
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -51,7 +53,7 @@ def apply_lora(
 
 @torch.no_grad()
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Detached copies of the weights as a plain (non-LoRA) model would hold them.
+    """Detached CPU copies of the weights as a plain (non-LoRA) model would hold them.
 
     For a peft model the active adapters are folded in (W + B @ A * scale) without
     touching the training model, and keys match the base model class's own
@@ -63,19 +65,19 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from peft.tuners.lora import LoraLayer
 
     if not isinstance(model, PeftModel):
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {k: _cpu_copy(v) for k, v in model.state_dict().items()}
     base = model.get_base_model()
     lora_layers = {n: m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
     if any(_has_variant(m) for m in lora_layers.values()):
         # DoRA / LoRA bias / other variants: let peft merge, on a copy.
         merged = copy.deepcopy(model).merge_and_unload()
-        return {k: v.detach().clone() for k, v in merged.state_dict().items()}
+        return {k: _cpu_copy(v) for k, v in merged.state_dict().items()}
     out: dict[str, torch.Tensor] = {}
     for key, value in base.state_dict().items():
         parts = key.split(".")
         if any(p.startswith("lora_") for p in parts):
             continue
-        out[key.replace(".base_layer.", ".")] = value.detach().clone()
+        out[key.replace(".base_layer.", ".")] = _cpu_copy(value)
     for name, layer in lora_layers.items():
         if layer.merged or layer.disable_adapters:
             continue  # base weight already is the effective weight
@@ -83,7 +85,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         for adapter in layer.active_adapters:
             if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
                 delta = layer.get_delta_weight(adapter)
-                out[key] = out[key] + delta.to(out[key].dtype)
+                out[key] += delta.to("cpu", out[key].dtype)
     return out
 
 
@@ -93,3 +95,7 @@ def _has_variant(layer: nn.Module) -> bool:
     use_dora = getattr(layer, "use_dora", None) or {}
     lora_bias = getattr(layer, "lora_bias", None) or {}
     return bool(variants) or any(use_dora.values()) or any(lora_bias.values())
+
+
+def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
