@@ -405,3 +405,62 @@ def test_a_forced_request_returns_its_tokens_with_their_sampling_logprobs(
     # an empty forced continuation ends at once, like max_new_tokens=0
     (empty,) = engine.generate([GenerationRequest(prompt, params, 0, [])])
     assert empty.token_ids == [] and empty.finish_reason == "length"
+
+
+def test_staged_weights_wait_for_the_engine_thread(llama):
+    """stage_weights never loads on the caller's thread; apply_staged_weights loads them
+    unless a step holds the engine, and then the next step does."""
+    engine = LocalEngine(tiny_llama(), decode_slots=2, version=0)
+    new = {"lm_head.weight": torch.zeros_like(engine.model.lm_head.weight)}
+    engine.stage_weights(new, version=4)
+    assert engine.version == 0 and engine.has_pending_weights
+    with engine._step_lock:  # a step is running on another thread
+        assert not engine.apply_staged_weights()
+    assert engine.version == 0 and engine.has_pending_weights
+    assert engine.apply_staged_weights() and engine.version == 4
+    assert torch.equal(engine.model.lm_head.weight, new["lm_head.weight"])
+    assert not engine.apply_staged_weights()  # nothing staged
+
+    engine.stage_weights({"lm_head.weight": torch.ones_like(new["lm_head.weight"])}, 5)
+    sp = SamplingParams(max_new_tokens=2)
+    (result,) = engine.generate([GenerationRequest([1, 2, 3], sp)])
+    assert result.versions == [5, 5]  # loaded before the first step
+
+
+def test_local_backend_publish_loads_on_the_worker_thread():
+    """The trainer's publish only stages the weights: the rollout worker's own thread
+    loads them, even when its engine is idle, so the trainer never waits for the copy."""
+    import queue
+    import time
+
+    from streamrl.backends.local import LocalBackend
+    from streamrl.messages import Stop
+
+    class TickingWorker:  # a worker loop with no items: it only ticks
+        def __init__(self) -> None:
+            self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+        async def run(self, on_tick) -> None:
+            while True:
+                on_tick()
+                try:
+                    if isinstance(self.inbox.get_nowait(), Stop):
+                        return
+                except queue.Empty:
+                    await asyncio.sleep(0.001)
+
+    engine = LocalEngine(tiny_llama(), decode_slots=2, version=0)
+    loaded_on = []
+    load = engine._load_weights
+    engine._load_weights = lambda sd, v: (loaded_on.append(threading.current_thread()), load(sd, v))
+    backend = LocalBackend(lambda w, emit: (engine, TickingWorker()), 1)
+    backend.start()
+    try:
+        backend.publish({"lm_head.weight": torch.zeros_like(engine.model.lm_head.weight)}, 7)
+        deadline = time.monotonic() + 30
+        while engine.version != 7 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert engine.version == 7
+        assert loaded_on and threading.current_thread() not in loaded_on
+    finally:
+        backend.close()

@@ -1,7 +1,8 @@
 """``local`` backend: rollout workers are threads of the trainer's process.
 
-Nothing is copied or pickled: a published state dict is handed to each engine,
-which loads it at its next step boundary. ``breakpoint()`` works anywhere. A
+Nothing is copied or pickled: a published state dict is staged in each engine, and
+the worker's own thread loads it at its engine's next step boundary (or between
+steps, when the engine is idle), so the trainer's thread does not pay for it. ``breakpoint()`` works anywhere. A
 worker thread that dies is a bug in this process, so it is not restarted: the
 run fails with the worker's traceback.
 """
@@ -50,7 +51,7 @@ class LocalBackend:
 
     def _run(self, w: int, worker: RolloutWorker) -> None:
         try:
-            asyncio.run(worker.run())
+            asyncio.run(worker.run(on_tick=self.engines[w].apply_staged_weights))
         except BaseException:
             self._errors[w] = traceback.format_exc()
 
@@ -71,8 +72,10 @@ class LocalBackend:
         raise RuntimeError("the local backend does not restart worker threads")
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        # staged only: each worker's thread loads them (at its engine's next step, or
+        # between steps on its tick), never the trainer's thread
         for engine in self.engines:
-            engine.update_weights(state_dict, version)
+            engine.stage_weights(state_dict, version)
 
     def close(self) -> None:
         for w in self.workers:

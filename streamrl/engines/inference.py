@@ -44,6 +44,7 @@ import torch
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
 from streamrl.engines.quantize import EngineWeights, pack_linears, repack
 from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
+from streamrl.engines.staging import WeightStaging
 from streamrl.types import GenerationRequest, GenerationResult
 
 _U64 = (1 << 64) - 1
@@ -77,7 +78,7 @@ class _Seq:
     stop_window: int = 0  # tokens to decode when checking stop strings (0 = none)
 
 
-class LocalEngine:
+class LocalEngine(WeightStaging):
     """Batched KV-cache inference with continuous batching over ``decode_slots`` slots.
 
     model:          a transformers causal LM; Llama-family models take the fast
@@ -141,11 +142,11 @@ class LocalEngine:
         # True where the sampling distribution is softmax(raw logits) or greedy
         self._raw = [True] * s
 
-        self._queue_lock = threading.Lock()  # _pending and _pending_weights
+        self._queue_lock = threading.Lock()  # _pending
         self._step_lock = threading.Lock()  # one step (and weight load) at a time
+        self._init_staging(self._step_lock)
         self._resumed = threading.Event()
         self._resumed.set()
-        self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._scheduler: asyncio.Task[None] | None = None
 
@@ -190,26 +191,6 @@ class LocalEngine:
         if self._scheduler is None or self._scheduler.done():
             self._scheduler = loop.create_task(self._schedule())
         return await fut
-
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Stages new weights; applied at the next step boundary (now, if idle).
-
-        Thread-safe. The tensors are copied into the model when applied, so the
-        caller must not modify them in place until then (pass a snapshot).
-        Sequences in flight keep their KV cache and continue on the new weights.
-        """
-        with self._queue_lock:
-            self._pending_weights = (state_dict, version)
-        if self._step_lock.acquire(blocking=False):
-            try:
-                self._apply_pending_weights()
-            finally:
-                self._step_lock.release()
-
-    @property
-    def has_pending_weights(self) -> bool:
-        """True between :meth:`update_weights` and the step boundary that applies it."""
-        return self._pending_weights is not None
 
     def pause(self) -> None:
         """Stops decoding at the next step boundary until :meth:`resume`."""
@@ -277,7 +258,7 @@ class LocalEngine:
             try:
                 if self.on_step is not None:
                     self.on_step(self)
-                self._apply_pending_weights()
+                self._apply_staged()
                 self._forward_and_sample()
             except BaseException as exc:  # fail everything in flight, keep the engine usable
                 self._fail_all(exc)
@@ -287,19 +268,9 @@ class LocalEngine:
                 self.stats.step_seconds += time.perf_counter() - t0
         # weights staged while this step held the lock: update_weights could not apply
         # them, and an engine with no more work runs no next step, so apply them now
-        if self._pending_weights is not None and self._step_lock.acquire(blocking=False):
-            try:
-                with torch.inference_mode():
-                    self._apply_pending_weights()
-            finally:
-                self._step_lock.release()
+        self.apply_staged_weights()
 
-    def _apply_pending_weights(self) -> None:
-        with self._queue_lock:
-            pending, self._pending_weights = self._pending_weights, None
-        if pending is None:
-            return
-        state_dict, version = pending
+    def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=False)  # in-place copy_
             if self.packed:  # only the layers whose weights arrived

@@ -1,7 +1,7 @@
 """PolicyEngine: the inference engine of environment policies (the analogue of LocalEngine).
 
 It holds its own copy of a :class:`~streamrl.models.policies.Policy`, acts on batches
-of observations, and takes new weights from any thread with ``update_weights``; they
+of observations, and takes new weights from any thread (``update_weights``, ``stage_weights``); they
 are applied at the next ``act`` (between two environment steps), so every step is
 played by exactly one weight version, which the segment records.
 """
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrl.engines.staging import WeightStaging
 from streamrl.models.policies import Policy
 
 
@@ -25,46 +26,26 @@ class PolicyEngineStats:
     weight_updates: int = 0
 
 
-class PolicyEngine:
+class PolicyEngine(WeightStaging):
     def __init__(self, policy: Policy, *, device: str = "cpu", version: int = 0) -> None:
         self.policy = policy.to(device).eval()
         self.device = torch.device(device)
         self.version = version
         self.stats = PolicyEngineStats()
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
-        self._lock = threading.Lock()  # guards _pending
         self._acting = threading.Lock()  # held while a step runs
+        self._init_staging(self._acting)
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Stage new weights: applied before the next step, or now if no step runs (an
-        idle engine must report the new version, or admission would wait for it forever)."""
-        with self._lock:
-            self._pending = (state_dict, version)
-        if self._acting.acquire(blocking=False):
-            try:
-                self._apply_pending()
-            finally:
-                self._acting.release()
-
-    @property
-    def has_pending_weights(self) -> bool:
-        return self._pending is not None
-
-    def _apply_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            state_dict, version = pending
-            with torch.no_grad():
-                self.policy.load_state_dict(state_dict)
-            self.version = version
-            self.stats.weight_updates += 1
+    def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        with torch.no_grad():
+            self.policy.load_state_dict(state_dict)
+        self.version = version
+        self.stats.weight_updates += 1
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, *, greedy: bool = False) -> dict[str, np.ndarray]:
         """obs (N, *obs_shape) -> actions, logprobs (N,), values (N,) as numpy arrays."""
         with self._acting:
-            self._apply_pending()
+            self._apply_staged()
             out = self.policy.act(torch.as_tensor(obs, device=self.device), greedy=greedy)
         self.stats.steps += 1
         self.stats.env_steps += int(obs.shape[0])
