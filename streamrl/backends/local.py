@@ -2,9 +2,9 @@
 
 Nothing is copied or pickled: a published state dict is staged in each engine, and
 the worker's own thread loads it at its engine's next step boundary (or between
-steps, when the engine is idle), so the trainer's thread does not pay for it. ``breakpoint()`` works anywhere. A
-worker thread that dies is a bug in this process, so it is not restarted: the
-run fails with the worker's traceback.
+steps, when the engine is idle), so the trainer's thread does not pay for it.
+``breakpoint()`` works anywhere. A worker thread that dies is a bug in this process,
+so it is not restarted: the run fails with the worker's traceback.
 """
 
 from __future__ import annotations

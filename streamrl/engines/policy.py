@@ -1,9 +1,10 @@
 """PolicyEngine: the inference engine of environment policies (the analogue of LocalEngine).
 
 It holds its own copy of a :class:`~streamrl.models.policies.Policy`, acts on batches
-of observations, and takes new weights from any thread (``update_weights``, ``stage_weights``); they
-are applied at the next ``act`` (between two environment steps), so every step is
-played by exactly one weight version, which the segment records.
+of observations, and takes new weights from any thread (``update_weights`` or
+``stage_weights``, see :mod:`streamrl.engines.staging`); they are applied at the next
+``act`` (between two environment steps), so every step is played by exactly one weight
+version, which the segment records.
 """
 
 from __future__ import annotations
