@@ -173,13 +173,12 @@ def main() -> None:
         return
     results = {}
     if args.only in (None, "streamrl"):
-        if not args.no_default:
-            results["streamrl"] = streamrl_run(args.budget, args.heldout, args.seed, out)
+        runs = [] if args.no_default else [("streamrl", "streamrl", [])]
         for v in args.variant:
             name, _, sets = v.partition(":")
-            results[f"streamrl {name}"] = streamrl_run(
-                args.budget, args.heldout, args.seed, out, f"streamrl-{name}", sets.split(",")
-            )
+            runs.append((f"streamrl {name}", f"streamrl-{name}", sets.split(",")))
+        for label, run_name, sets in runs:
+            results[label] = streamrl_run(args.budget, args.heldout, args.seed, out, run_name, sets)
     if args.only in (None, "plain"):
         subprocess.run(
             [sys.executable, __file__, "--plain-inline", "--budget", str(args.budget),

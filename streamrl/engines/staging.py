@@ -23,7 +23,7 @@ class WeightStaging:
     """Mixin: ``_load_weights(state_dict, version)`` is the engine's own loading, run
     while ``_busy`` is held (the lock its steps hold)."""
 
-    _staged: tuple[dict[str, torch.Tensor], int] | None = None
+    _staged: tuple[dict[str, torch.Tensor], int] | None
 
     def _init_staging(self, busy: threading.Lock) -> None:
         self._busy = busy
@@ -62,7 +62,10 @@ class WeightStaging:
         return self._staged is not None
 
     def _apply_staged(self) -> bool:
-        """Loads the staged weights; the caller holds ``_busy``."""
+        """Loads the staged weights; the caller holds ``_busy``. Runs before every
+        engine step, so the common case (nothing staged) takes no lock."""
+        if self._staged is None:
+            return False
         with self._stage_lock:
             staged, self._staged = self._staged, None
         if staged is None:

@@ -195,7 +195,10 @@ class TrainEngine(Optimized):
         **kwargs: Any,
     ) -> TrainEngine:
         """Wrap ``model`` with peft LoRA adapters; only the adapters are trained."""
-        return cls(apply_lora(model, r, alpha, dropout, target_modules), **kwargs)
+        peft_model = apply_lora(
+            model, r=r, alpha=alpha, dropout=dropout, target_modules=target_modules
+        )
+        return cls(peft_model, **kwargs)
 
     @property
     def is_lora(self) -> bool:
