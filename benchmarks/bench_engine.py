@@ -144,12 +144,15 @@ def timed(fn) -> tuple[int, float, float]:
     return n, time.perf_counter() - t0, time.process_time() - c0
 
 
-def matmul_floor(model: torch.nn.Module, rows: int, repeats: int = 20) -> float:
-    """Median seconds of one pass of every linear layer (the vocabulary head included)
-    over ``rows`` inputs: the weight-reading floor of a decode step at that batch, which
-    no engine with the same weights and dtype goes below."""
-    p = next(model.parameters())
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # packed ones too
+def matmul_floor(engine: LocalEngine, rows: int, repeats: int = 20) -> float:
+    """Median seconds of one pass of every linear layer a step runs (the vocabulary head
+    included) over ``rows`` inputs: the weight-reading floor of a decode step at that
+    batch, which no engine with the same weights and dtype goes below."""
+    p = next(engine.model.parameters())
+    if hasattr(engine.runner, "linear_layers"):
+        linears = engine.runner.linear_layers()  # fused and packed as the step runs them
+    else:
+        linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
     xs = {
         m.in_features: torch.randn(rows, m.in_features, device=p.device, dtype=p.dtype)
         for m in linears
@@ -187,6 +190,12 @@ def main() -> None:
         help="engine variants to time against generate (rollout.engine_weights); "
         "'float16' packs a copy of the model, generate always runs the unpacked model",
     )
+    ap.add_argument(
+        "--unfused",
+        action="store_true",
+        help="also time each engine variant on the model's own layer modules "
+        "(LocalEngine(fuse_layers=False)), the path before fused projections",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -198,15 +207,18 @@ def main() -> None:
     )
     prompts = [pool[i % len(pool)] for i in range(args.n_prompts)]
     max_len = max(map(len, prompts)) + args.max_new_tokens
+    variants = [(w, True) for w in args.engine_weights]
+    variants += [(w, False) for w in args.engine_weights] if args.unfused else []
     engines = {
-        w: LocalEngine(
-            model if w == "float32" else copy.deepcopy(model),
+        w + ("" if fuse else " unfused"): LocalEngine(
+            model if (w, fuse) == ("float32", True) else copy.deepcopy(model),
             decode_slots=args.batch,
             max_seq_len=max_len,
             device=args.device,
             weights=w,
+            fuse_layers=fuse,
         )
-        for w in args.engine_weights
+        for w, fuse in variants
     }
 
     workloads = ["eos", "fixed"] if args.workload == "both" else [args.workload]
@@ -279,7 +291,7 @@ def main() -> None:
         )
     for wl, w, hf_w, our_w, *_ in rows:
         if wl == "fixed":  # every row is real: a step makes `batch` tokens on both sides
-            floor, hf_step = matmul_floor(engines[w].model, args.batch), args.batch / hf_w
+            floor, hf_step = matmul_floor(engines[w], args.batch), args.batch / hf_w
             print(
                 f"fixed, engine weights {w}: HF {1e3 * hf_step:.1f} ms per decode step, engine "
                 f"{1e3 * args.batch / our_w:.1f} ms; the linear layers alone take "

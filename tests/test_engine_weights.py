@@ -12,6 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from streamrl.config import load_config
+from streamrl.engines.fused_layers import fused_away
 from streamrl.engines.inference import LocalEngine
 from streamrl.engines.quantize import ROWS_PER_BLOCK, PackedLinear, pack_linears, repack
 from streamrl.launch import train
@@ -36,16 +37,22 @@ def sample(engine: LocalEngine) -> list:
 def test_packed_engine_logprobs_are_exact_for_its_own_weights_and_near_fp32():
     fp32 = tiny_llama()
     engine = LocalEngine(copy.deepcopy(fp32), decode_slots=3, weights="float16")
-    linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is PackedLinear for m in linears)
+    # every linear layer a step runs is packed (the fused projections included); the
+    # separate projections the fused ones replace are never run, so they stay unpacked
+    ran = engine.runner.linear_layers()
+    assert ran and all(type(m) is PackedLinear for m in ran)
+    skipped = set(map(id, fused_away(engine.model)))
+    for m in engine.model.modules():
+        if isinstance(m, torch.nn.Linear):
+            assert (type(m) is PackedLinear) != (id(m) in skipped)
     # the state dict is the fp32 model's: same keys, same values
     ref_state = fp32.state_dict()
     assert engine.model.state_dict().keys() == ref_state.keys()
     assert all(torch.equal(v, ref_state[k]) for k, v in engine.model.state_dict().items())
 
-    gap = []
+    gap, reference = [], packed_copy(fp32)
     for p, r in zip(PROMPTS, sample(engine), strict=True):
-        own = full_logprobs(engine.model, p, r.token_ids, SP)  # a forward on fp16 weights
+        own = full_logprobs(reference, p, r.token_ids, SP)  # a forward on fp16 weights
         torch.testing.assert_close(torch.tensor(r.logprobs), own, atol=1e-4, rtol=0)
         gap.append((own - full_logprobs(fp32, p, r.token_ids, SP)).abs().max())
     # fp16 weights move the log-probs, by a little
@@ -73,9 +80,13 @@ def test_weight_updates_repack_including_a_tied_head():
     # a partial update re-packs only the layers it touches; the tied head follows
     # the embedding
     assert repack(engine.model, ["model.embed_tokens.weight"]) == 1
-    assert repack(engine.model, ["model.layers.0.mlp.up_proj.weight"]) == 1
+    assert repack(engine.model, ["model.layers.0.mlp.down_proj.weight"]) == 1
     assert repack(engine.model, ["model.norm.weight"]) == 0
-    assert repack(engine.model) == 2 * 7 + 1
+    assert repack(engine.model) == 2 * 2 + 1  # o_proj and down_proj of each layer, the head
+    # the fused projections are rebuilt the same way: layer 0's gate/up from its up_proj
+    assert engine.runner.fused.refresh(["model.layers.0.mlp.up_proj.weight"]) == 1
+    assert engine.runner.fused.refresh(["model.norm.weight"]) == 0
+    assert engine.runner.fused.refresh() == 2 * 2
 
 
 def test_a_packed_layer_trains_on_its_fp32_weight():

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrl.engines.fused_layers import fused_away, supports_fused
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
 from streamrl.engines.quantize import EngineWeights, pack_linears, repack
 from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
@@ -91,6 +92,9 @@ class LocalEngine(WeightStaging):
     weights:        "float16" runs every linear layer on packed fp16 weights (CPU,
                     fp32 models; see :mod:`streamrl.engines.quantize`), re-packed
                     after each weight update; "float32" (default) uses the model as is.
+    fuse_layers:    Llama-family decoder layers run with fused projections
+                    (:mod:`streamrl.engines.fused_layers`); False runs the model's own
+                    layer modules (the reference the fused path is tested against).
     """
 
     def __init__(
@@ -103,11 +107,11 @@ class LocalEngine(WeightStaging):
         device: str | torch.device = "cpu",
         version: int = 0,
         weights: EngineWeights = "float32",
+        fuse_layers: bool = True,
     ) -> None:
         if decode_slots < 1:
             raise ValueError(f"decode_slots must be >= 1, got {decode_slots}")
         self.model = model.to(device).eval()
-        self.packed = pack_linears(self.model, weights) > 0
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.decode_slots = decode_slots
@@ -117,9 +121,11 @@ class LocalEngine(WeightStaging):
         self.version = version
         self.stats = EngineStats()
         self.fast_path = supports_fast_path(model, self.max_seq_len)
+        fuse = self.fast_path and fuse_layers and supports_fused(model)
+        self.packed = pack_linears(model, weights, skip=fused_away(model) if fuse else ()) > 0
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
-                model, decode_slots, self.max_seq_len
+                model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed
             )
         else:
             self.runner = HFCacheRunner(model, decode_slots, self.max_seq_len)
@@ -275,6 +281,7 @@ class LocalEngine(WeightStaging):
             self.model.load_state_dict(state_dict, strict=False)  # in-place copy_
             if self.packed:  # only the layers whose weights arrived
                 repack(self.model, state_dict.keys())
+            self.runner.weights_loaded(state_dict.keys())
         self.version = version
         self.stats.weight_updates += 1
 

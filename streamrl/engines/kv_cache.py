@@ -17,7 +17,9 @@ attention needs to know which token belongs to which slot. We register our
 own attention function with transformers (:func:`slot_attention`, an sdpa
 variant) and pass the step's layout through the decoder layers' ``**kwargs``
 (they forward it to the attention function untouched), so the Hugging Face
-modules are used as they are.
+modules are used as they are. By default the fast runner computes the same layers
+with fused projections instead (:mod:`streamrl.engines.fused_layers`), calling the
+same slot attention directly; ``fuse_layers=False`` keeps the modules' own forward.
 
 Two runners share one interface (``step``, ``release``):
 
@@ -29,15 +31,19 @@ Two runners share one interface (``step``, ``release``):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from streamrl.engines.fused_layers import FusedDecoder, supports_fused
 
 # model_type values whose modules follow the Llama layout and calling convention
 LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
@@ -229,12 +235,20 @@ class LlamaSlotRunner:
     _IDLE = -(1 << 62)
     shares_prefixes = True
 
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_slots: int,
+        max_seq_len: int,
+        fuse: bool = True,
+        packed: bool = False,
+    ) -> None:
         _set_attn_impl(model, ATTN_IMPL)
         inner, cfg = model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.layers = list(inner.layers[: cfg.num_hidden_layers])
         self.lm_head = model.lm_head
+        self.fused = FusedDecoder(model, packed) if fuse and supports_fused(model) else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -282,16 +296,20 @@ class LlamaSlotRunner:
         h = self.embed(ids)  # (1, T, E)
         pe = self.rotary(h, pos)  # (cos, sin), each (1, T, D), shared by all layers
         with sdpa_kernel(ENGINE_SDPA_BACKENDS):
-            for layer in self.layers:
-                h = layer(
-                    h,
-                    attention_mask=None,
-                    position_ids=pos,
-                    position_embeddings=pe,
-                    slot_cache=self.cache,
-                )
-                if isinstance(h, tuple):  # older transformers return (hidden, ...)
-                    h = h[0]
+            if self.fused is not None:
+                cos, sin = self.fused.rope_tables(*pe)
+                h = self.fused.forward(h[0], cos, sin, self.cache.attend)[None]
+            else:  # the model's own layer modules
+                for layer in self.layers:
+                    h = layer(
+                        h,
+                        attention_mask=None,
+                        position_ids=pos,
+                        position_embeddings=pe,
+                        slot_cache=self.cache,
+                    )
+                    if isinstance(h, tuple):  # older transformers return (hidden, ...)
+                        h = h[0]
         out_rows = torch.tensor(decode_slots + last, device=self.device)
         logits = self.lm_head(self.norm(h[0, out_rows])).float()  # head only on sampled rows
         self._advance(n, prefills)
@@ -348,6 +366,18 @@ class LlamaSlotRunner:
         for f in prefills:
             self.base[f.slot] = len(f.prompt) - self.steps
 
+    def weights_loaded(self, names: Iterable[str]) -> None:
+        """Called after the parameters ``names`` were loaded: fused copies follow them."""
+        if self.fused is not None:
+            self.fused.refresh(names)
+
+    def linear_layers(self) -> list[torch.nn.Module]:
+        """Every linear layer one step runs (the vocabulary head included)."""
+        if self.fused is None:
+            own = [m for layer in self.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+            return [*own, self.lm_head]
+        return [*self.fused.linear_layers(), self.lm_head]
+
     def release(self, slot: int) -> None:
         self.lens[slot] = 0
         self.active[slot] = 0
@@ -388,6 +418,9 @@ class HFCacheRunner:
             logits, self.caches[f.slot] = self._run(f.prompt, None)
             rows.append(logits)
         return torch.stack(rows)
+
+    def weights_loaded(self, names: Iterable[str]) -> None:
+        pass
 
     def release(self, slot: int) -> None:
         self.caches[slot] = None

@@ -69,8 +69,9 @@ class PackedLinear(nn.Linear):
         return y.reshape(*shape[:-1], y.shape[-1])
 
 
-def pack_linears(model: nn.Module, weights: EngineWeights) -> int:
-    """Makes every ``nn.Linear`` of ``model`` compute with ``weights``-precision weights.
+def pack_linears(model: nn.Module, weights: EngineWeights, skip: Iterable[nn.Module] = ()) -> int:
+    """Makes every ``nn.Linear`` of ``model`` but ``skip`` compute with ``weights``-precision
+    weights (``skip``: layers the engine never runs, such as the projections it fuses).
 
     Returns how many layers were packed (0 for ``float32``, which changes nothing).
     Raises a ValueError when the model is not an fp32 model on the CPU, or when this
@@ -88,13 +89,20 @@ def pack_linears(model: nn.Module, weights: EngineWeights) -> int:
         )
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ValueError(f"engine weights={weights} needs FBGEMM, which this torch lacks")
+    skipped = {id(m) for m in skip}
     n = 0
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = PackedLinear
-            module.repack()
+        if type(module) is nn.Linear and id(module) not in skipped:
+            pack(module)
             n += 1
     return n
+
+
+def pack(module: nn.Linear) -> PackedLinear:
+    """Swaps one fp32 ``nn.Linear`` to :class:`PackedLinear` and packs it."""
+    module.__class__ = PackedLinear
+    module.repack()  # type: ignore[attr-defined]
+    return module  # type: ignore[return-value]
 
 
 def repack(model: nn.Module, names: Iterable[str] | None = None) -> int:
