@@ -10,6 +10,7 @@ PPO-clip step (the trainer's whole update: forward, backward, AdamW). The varian
 from the same weights and run interleaved, ``--repeats`` times each, after one warm-up each.
 
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 8 --threads 1
+    PYTHONPATH=. python benchmarks/bench_train_step.py --completion 48 --variants default foreach-adam
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from streamrl.engines.train import TrainEngine
 from streamrl.episodes.single_turn import trajectory_from_result
 from streamrl.models import load_model_and_tokenizer
 from streamrl.types import Batch, GenerationResult
+
+VARIANTS = {  # --variants name: (label, TrainEngine arguments)
+    "default": ("packed, head on loss tokens (default)", {}),
+    "padded": ("padded, head on loss tokens", {"packed": False}),
+    "padded-every": ("padded, head on every position", {"packed": False, "head_on_targets": False}),
+    "foreach-adam": ("packed, foreach AdamW (before fused)", {"fused": False}),
+}
 
 
 def make_batch(tokenizer, n: int, completion: int, group: int = 8, seed: int = 0) -> Batch:
@@ -55,19 +63,23 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=["default", "padded", "padded-every"],
+        help="trainers to time; the ratios are against the last one",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer("smollm2-135m-instruct")
     batch = make_batch(tokenizer, args.sequences, args.completion)
     loss_fn = make_rl_loss_fn("ppo_clip")
-    variants = {
-        "packed, head on loss tokens (default)": dict(),
-        "padded, head on loss tokens": dict(packed=False),
-        "padded, head on every position": dict(packed=False, head_on_targets=False),
-    }
     engines = {
-        name: TrainEngine(copy.deepcopy(model), lr=5e-6, micro_batch_sequences=8, **kw)
-        for name, kw in variants.items()
+        VARIANTS[v][0]: TrainEngine(
+            copy.deepcopy(model), lr=5e-6, micro_batch_sequences=8, **VARIANTS[v][1]
+        )
+        for v in args.variants
     }
     times: dict[str, list[float]] = {name: [] for name in engines}
     for rep in range(args.repeats + 1):  # the first round is the warm-up
@@ -77,11 +89,12 @@ def main() -> None:
             if rep:
                 times[name].append(time.perf_counter() - t0)
                 print(f"[{rep}] {name}: {times[name][-1]:.2f} s", flush=True)
-    base = statistics.median(times["padded, head on every position"])
+    base_name = VARIANTS[args.variants[-1]][0]
+    base = statistics.median(times[base_name])
     print(
         f"\nSmolLM2-135M, {args.sequences} sequences of {batch.input_ids.shape[1]} positions "
         f"max, {int(batch.loss_mask.sum())} loss tokens, threads={args.threads}\n"
-        "| trainer | s per update (median) | vs every position |\n|---|---|---|"
+        f"| trainer | s per update (median) | vs {base_name} |\n|---|---|---|"
     )
     for name, ts in times.items():
         med = statistics.median(ts)

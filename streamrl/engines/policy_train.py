@@ -62,10 +62,10 @@ class PolicyTrainEngine(Optimized):
     """A :class:`~streamrl.models.policies.Policy` and its AdamW."""
 
     def __init__(self, policy: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -> None:
-        # Adam as SB3 and CleanRL set it for PPO; fused: a tiny MLP's step is overhead
+        # Adam as SB3 and CleanRL set it for PPO (fused, like every Optimized)
         kwargs.setdefault("betas", (0.9, 0.999))
         kwargs.setdefault("eps", 1e-5)
-        super().__init__(policy, fused=True, **kwargs)
+        super().__init__(policy, **kwargs)
         self.seed = seed
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:

@@ -159,6 +159,7 @@ class TrainEngine(Optimized):
         device: str | torch.device = "cpu",
         head_on_targets: bool = True,
         packed: bool = True,
+        fused: bool = True,
     ) -> None:
         self.head_on_targets = head_on_targets
         self.packed = packed
@@ -171,6 +172,7 @@ class TrainEngine(Optimized):
             betas=betas,
             max_grad_norm=max_grad_norm,
             device=device,
+            fused=fused,
         )
         self.micro_batch_sequences = micro_batch_sequences
         self.value_head: torch.nn.Module | None = None  # a critic on the LM (PPO with GAE)
