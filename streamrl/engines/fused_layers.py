@@ -1,8 +1,8 @@
 """The decoder layers of a Llama-family model, fused for the engine's decode step.
 
-A decode step of a small model on CPU is bound by per-op dispatch, not by FLOPs: the
-Hugging Face layer runs ~60 ATen ops (an RMSNorm alone is eight of them, RoPE fourteen).
-:class:`FusedDecoder` computes the same layer with fewer, larger ops:
+Beyond reading its weights, a decode step on CPU pays for every op it dispatches: the
+Hugging Face layer runs ~60 ATen ops (an RMSNorm alone is eight of them, RoPE
+fourteen). :class:`FusedDecoder` computes the same layer with fewer, larger ops:
 
 - one matrix product for Q, K and V, and one for the MLP's gate and up projections,
   on weights concatenated once per weight version (:meth:`FusedDecoder.refresh`);
@@ -11,11 +11,15 @@ Hugging Face layer runs ~60 ATen ops (an RMSNorm alone is eight of them, RoPE fo
   sign of ``rotate_half`` folded into ``sin'`` once per step.
 
 The model's own modules keep their weights and stay what the state dict, weight
-updates and every other forward use; the fused weights are copies, rebuilt after each
-update of the layers they come from (in fp32 that is ~50% more memory for the layer
-weights: 280 MB on SmolLM2-135M). With ``rollout.engine_weights=float16`` the fused projections are packed
-like every other linear layer (:mod:`streamrl.engines.quantize`), and the separate
-projections they replace are left unpacked.
+updates and every other forward use. The fused weights are copies, rebuilt after each
+update of the layers they come from; in fp32 that is ~50% more memory for the layer
+weights (280 MB on SmolLM2-135M). With ``rollout.engine_weights=float16`` the fused
+projections are packed like every other linear layer (:mod:`streamrl.engines.quantize`),
+and the separate projections they replace are left unpacked.
+
+The engine fuses by default on the CPU, where it was measured
+(``benchmarks/results/engine.md``), and elsewhere only when asked
+(``LocalEngine(fuse_layers=True)``).
 """
 
 from __future__ import annotations
@@ -142,7 +146,9 @@ class FusedDecoder:
         # rotate_half(x) = cat(-x2, x1) = roll(x, D/2) with the first half's sign flipped
         return torch.addcmul(x * cos, torch.roll(x, self.head_dim // 2, dims=-1), sin)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any):
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any
+    ) -> torch.Tensor:
         """h: (T, E) -> (T, E) after every layer; cos, sin from :meth:`rope_tables`."""
         t = h.shape[0]
         nh, nkv, d = self.heads, self.kv_heads, self.head_dim
