@@ -68,10 +68,10 @@ def test_smoke_config_learns_and_writes_run_dir(tmp_path: Path) -> None:
     assert last > first + 0.01, (first, last)
     assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"] + 0.05, summary
     assert summary["stream/consumed"] == 40 * 8
-    # the policy's own reliability (4 samples per held-out item at temperature 1) rises too;
-    # 40 async steps from 8% move it by +0.006 to +0.03 run to run, so no margin here
+    # the policy's own reliability (4 samples per held-out item at temperature 1) rises too:
+    # +0.12 to +0.16 on seeds 0-2 from SFT's 0.5 greedy accuracy
     sampled = summary["eval_sampled_accuracy_before"], summary["eval_sampled_accuracy_after"]
-    assert sampled[1] > sampled[0], sampled
+    assert sampled[1] > sampled[0] + 0.05, sampled
 
     # final weights load and differ from the initial ones
     weights = load_file(str(run_dir / "model" / "model.safetensors"))
