@@ -46,8 +46,10 @@ def _fuse(linears: list[nn.Module], packed: bool) -> nn.Linear:
     if not packed:
         return fused
     pack(fused)
-    fused.weight.data = w.new_empty(0)  # the engine reads only the packed copy; refresh
-    return fused  # rebuilds it from the layers' own weights
+    # the engine reads only the packed copy, and refresh() rebuilds it from the layers'
+    # own weights: the fp32 concatenation need not stay
+    fused.weight.data = w.new_empty(0)
+    return fused
 
 
 def fused_away(model: nn.Module) -> list[nn.Module]:

@@ -21,7 +21,7 @@ modules are used as they are. By default the fast runner computes the same layer
 with fused projections instead (:mod:`streamrl.engines.fused_layers`), calling the
 same slot attention directly; ``fuse_layers=False`` keeps the modules' own forward.
 
-Two runners share one interface (``step``, ``release``):
+Two runners share one interface (``step``, ``weights_loaded``, ``release``):
 
 - :class:`LlamaSlotRunner` (fast path, Llama family: Llama, SmolLM2, Mistral,
   Qwen2, Qwen3) with the preallocated :class:`SlotKVCache`;
