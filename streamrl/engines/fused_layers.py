@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamrl.engines.quantize import PackedLinear, pack
+from streamrl.engines.quantize import PackedLinear, loaded_by, pack
 
 
 def _fuse(linears: list[nn.Module], packed: bool) -> nn.Linear:
@@ -115,17 +115,13 @@ class FusedDecoder:
     def refresh(self, names: Iterable[str] | None = None) -> int:
         """Rebuilds the fused weights from the layers' own after a weight update: those
         holding a parameter among ``names`` (all when None). Returns how many it rebuilt."""
-        changed = None
-        if names is not None:
-            params = dict(self.model.named_parameters(remove_duplicate=False))
-            changed = {params[n].data_ptr() for n in names if n in params}
+        touched = loaded_by(self.model, names)
         n = 0
         for i, layer in enumerate(self.layers):
             a, m = layer.self_attn, layer.mlp
             for fused, parts in ((self.qkv, [a.q_proj, a.k_proj, a.v_proj]),
                                  (self.gate_up, [m.gate_proj, m.up_proj])):  # fmt: skip
-                ptrs = {p.data_ptr() for part in parts for p in part.parameters()}
-                if changed is None or ptrs & changed:
+                if any(touched(part) for part in parts):
                     fused[i] = _fuse(parts, self.packed)
                     n += 1
         return n

@@ -43,7 +43,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from streamrl.engines.fused_layers import FusedDecoder, supports_fused
+from streamrl.engines.fused_layers import FusedDecoder
 
 # model_type values whose modules follow the Llama layout and calling convention
 LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
@@ -240,7 +240,7 @@ class LlamaSlotRunner:
         model: torch.nn.Module,
         num_slots: int,
         max_seq_len: int,
-        fuse: bool = True,
+        fuse: bool = False,
         packed: bool = False,
     ) -> None:
         _set_attn_impl(model, ATTN_IMPL)
@@ -248,7 +248,8 @@ class LlamaSlotRunner:
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.layers = list(inner.layers[: cfg.num_hidden_layers])
         self.lm_head = model.lm_head
-        self.fused = FusedDecoder(model, packed) if fuse and supports_fused(model) else None
+        # fuse: the caller checked supports_fused (LocalEngine decides, and packs to match)
+        self.fused = FusedDecoder(model, packed) if fuse else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -22,7 +22,7 @@ embeddings work unchanged, and :func:`repack` re-packs them after every update.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import torch
@@ -113,18 +113,20 @@ def repack(model: nn.Module, names: Iterable[str] | None = None) -> int:
     only ``model.embed_tokens.weight`` arrives. (The trainer publishes its whole state
     dict, so a run re-packs every layer; a partial update re-packs only its layers.)
     """
-    if names is None:
-        changed = None
-    else:
-        params = dict(model.named_parameters(remove_duplicate=False))
-        changed = {params[n].data_ptr() for n in names if n in params}
+    touched = loaded_by(model, names)
     n = 0
     for module in model.modules():
-        if isinstance(module, PackedLinear):
-            ptrs = {module.weight.data_ptr()}
-            if module.bias is not None:
-                ptrs.add(module.bias.data_ptr())
-            if changed is None or ptrs & changed:
-                module.repack()
-                n += 1
+        if isinstance(module, PackedLinear) and touched(module):
+            module.repack()
+            n += 1
     return n
+
+
+def loaded_by(model: nn.Module, names: Iterable[str] | None) -> Callable[[nn.Module], bool]:
+    """A test of whether a module of ``model`` holds a parameter among ``names`` (every
+    module when ``names`` is None). Matched through storage, so tied weights count."""
+    if names is None:
+        return lambda module: True
+    params = dict(model.named_parameters(remove_duplicate=False))
+    changed = {params[n].data_ptr() for n in names if n in params}
+    return lambda module: any(p.data_ptr() in changed for p in module.parameters())
