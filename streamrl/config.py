@@ -316,14 +316,6 @@ class StreamConfig(_Section):
         description="Cap on items being generated at once (default: no cap beyond "
         "the staleness bound's (eta + 1) * train.items_per_step).",
     )
-    spare_items: int = Field(
-        0,
-        ge=0,
-        description="Items that may be generated beyond the staleness bound's admission, as "
-        "spares: one takes the place of an item that dynamic sampling drops as soon as the "
-        "bound allows, instead of a new item generated from scratch. The bound is unchanged; "
-        "a spare that goes stale is counted as stream/filtered/stale (0 = none).",
-    )
 
 
 class EvalConfig(_Section):

@@ -436,10 +436,7 @@ class Session:
         placement = plan_placement(cfg)
         weights = trainer.state_dict_for_inference()
         stream = SampleStream(
-            cfg.train.items_per_step,
-            cfg.stream.max_staleness,
-            cfg.stream.max_inflight_items,
-            cfg.stream.spare_items,
+            cfg.train.items_per_step, cfg.stream.max_staleness, cfg.stream.max_inflight_items
         )
         pool = self.make_pool(engine_model, weights, version, stream, placement, pool_state)
         recorder = StepMetrics(cfg.reward.correct_reward, cfg.rollout.group_size)

@@ -26,16 +26,6 @@ Every generated token of an item has version >= its admission version, so by
 induction no consumed token is more than eta versions older than the trainer.
 eta = 0 admits exactly one batch per version: synchronous on-policy training.
 
-Spare items (``spare_items`` > 0). When admission is full, up to ``spare_items``
-more items may start as *spares*: generated like any other, but outside the books
-above and never consumed as spares. A spare started at version u is *promoted*
-(admitted, with admit version u) as soon as doing so keeps P, which is checked
-directly; ready spares go first. So when dynamic sampling drops an item, a spare
-that is already generated can take its place at once, instead of a new item that
-has to be generated from scratch. P is all the proof above uses, so the bound is
-unchanged. A spare that can no longer be promoted (u < consumed / B - eta, where P
-allows no item at u) ends as ``filtered: stale``: generated for nothing, counted.
-
 Accounting: each issued item ends exactly once as consumed, filtered (reason) or
 failed (reason); ``close()`` labels whatever is still outstanding as
 ``filtered: run_ended``. ``check_accounting`` asserts the books balance. Every
@@ -80,8 +70,6 @@ class Group:
 class StreamStats:
     issued: int = 0
     consumed: int = 0
-    spares: int = 0  # issued as spares (counted in issued too)
-    promoted: int = 0  # spares that were admitted and then counted like any item
     filtered: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
 
@@ -92,8 +80,6 @@ class StreamStats:
             "stream/filtered": sum(self.filtered.values()),
             "stream/failed": sum(self.failed.values()),
         }
-        if self.spares:
-            out.update({"stream/spares": self.spares, "stream/promoted": self.promoted})
         out.update({f"stream/filtered/{k}": v for k, v in self.filtered.items()})
         out.update({f"stream/failed/{k}": v for k, v in self.failed.items()})
         return out
@@ -102,26 +88,17 @@ class StreamStats:
 class SampleStream:
     """Thread-safe stream of item groups between producers and one consumer."""
 
-    def __init__(
-        self,
-        items_per_batch: int,
-        max_staleness: int,
-        max_inflight: int | None = None,
-        spare_items: int = 0,
-    ):
-        if items_per_batch < 1 or max_staleness < 0 or spare_items < 0:
-            raise ValueError("items_per_batch must be >= 1, max_staleness and spare_items >= 0")
+    def __init__(self, items_per_batch: int, max_staleness: int, max_inflight: int | None = None):
+        if items_per_batch < 1 or max_staleness < 0:
+            raise ValueError("items_per_batch must be >= 1 and max_staleness >= 0")
         self.items_per_batch = items_per_batch
         self.max_staleness = max_staleness
         self.max_inflight = max_inflight
-        self.spare_items = spare_items
         self.stats = StreamStats()
         self._cond = threading.Condition()
         self._trainer_version = 0
         self._outstanding: dict[int, int] = {}  # item index -> admit version
         self._ready: dict[int, Group] = {}
-        self._spare: dict[int, int] = {}  # spare item index -> version it started at
-        self._spare_ready: dict[int, Group] = {}
         self._ledger: list[tuple[int, str, str]] = []  # (item, outcome, reason), in order
         self._closed = False
 
@@ -136,65 +113,12 @@ class SampleStream:
         limit = (engine_version + self.max_staleness + 1) * self.items_per_batch
         free = limit - self.stats.consumed - len(self._outstanding)
         if self.max_inflight is not None:
-            free = min(free, self.max_inflight - self._in_flight())
+            in_flight = len(self._outstanding) - len(self._ready)
+            free = min(free, self.max_inflight - in_flight)
         return max(0, free)
-
-    def _in_flight(self) -> int:
-        return len(self._outstanding) - len(self._ready) + len(self._spare) - len(self._spare_ready)
-
-    def _spare_room(self, engine_version: int) -> int:
-        """How many spares may start now at ``engine_version`` (0 unless one could
-        ever be promoted: P allows items at versions >= consumed / B - eta)."""
-        if not self.spare_items or self._expired(engine_version):
-            return 0
-        free = self.spare_items - len(self._spare)
-        if self.max_inflight is not None:
-            free = min(free, self.max_inflight - self._in_flight())
-        return max(0, free)
-
-    def _expired(self, version: int) -> bool:
-        return version < self.stats.consumed // self.items_per_batch - self.max_staleness
-
-    def _fits(self, version: int) -> bool:
-        """Whether one more outstanding item at ``version`` keeps P: at most
-        (u + eta + 1 - consumed / B) * B outstanding items at versions <= u, for all u."""
-        w = self.stats.consumed // self.items_per_batch
-        counts = Counter(self._outstanding.values())
-        counts[version] += 1
-        total = 0
-        for u in sorted(counts):
-            total += counts[u]
-            if u >= version and total > (u + self.max_staleness + 1 - w) * self.items_per_batch:
-                return False
-        return True
-
-    def _promote(self) -> None:
-        """End the spares that went stale while ready; admit every spare that keeps P
-        (ready ones first, then the oldest)."""
-        for i in [i for i in self._spare_ready if self._expired(self._spare[i])]:
-            del self._spare_ready[i], self._spare[i]
-            self._end(i, "filtered", "stale")
-        order = sorted(self._spare, key=lambda i: (i not in self._spare_ready, self._spare[i], i))
-        for i in order:
-            u = self._spare[i]
-            if self._expired(u) or not self._fits(u):
-                continue
-            del self._spare[i]
-            self._outstanding[i] = u
-            if i in self._spare_ready:
-                group = self._spare_ready.pop(i)
-                group.admit_version = u
-                self._ready[i] = group
-            self.stats.promoted += 1
-            self._cond.notify_all()
-
-    def _end(self, index: int, outcome: str, reason: str) -> None:
-        getattr(self.stats, outcome)[reason] += 1
-        self._ledger.append((index, outcome, reason))
 
     def admit(self, engine_version: int, max_items: int, timeout: float | None = None) -> list[int]:
-        """Reserve up to ``max_items`` item indices to start at ``engine_version``:
-        admitted ones first, then spares.
+        """Reserve up to ``max_items`` item indices to start at ``engine_version``.
 
         Blocks until at least one is available (or ``timeout`` passes: returns []).
         The caller must later ``put`` or ``reject`` every returned index.
@@ -204,18 +128,13 @@ class SampleStream:
             while True:
                 if self._closed:
                     raise StreamClosed("stream closed")
-                self._promote()  # spares that fit take free places before new items
                 n = min(max_items, self._capacity(engine_version))
-                spares = min(max_items - n, self._spare_room(engine_version))
-                if n + spares > 0:
+                if n > 0:
                     first = self.stats.issued
-                    self.stats.issued += n + spares
-                    self.stats.spares += spares
+                    self.stats.issued += n
                     for i in range(first, first + n):
                         self._outstanding[i] = engine_version
-                    for i in range(first + n, first + n + spares):
-                        self._spare[i] = engine_version
-                    return list(range(first, first + n + spares))
+                    return list(range(first, first + n))
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return []
@@ -224,17 +143,11 @@ class SampleStream:
     def put(self, group: Group) -> None:
         """A finished group, ready to be consumed."""
         with self._cond:
-            i = group.item_index
-            self._check_outstanding(i)
-            if i in self._ready or i in self._spare_ready:
-                raise ValueError(f"item {i} was put twice")
-            if i in self._spare:
-                group.admit_version = self._spare[i]
-                self._spare_ready[i] = group
-                self._promote()  # or ends it as stale
-            else:
-                group.admit_version = self._outstanding[i]
-                self._ready[i] = group
+            self._check_outstanding(group.item_index)
+            if group.item_index in self._ready:
+                raise ValueError(f"item {group.item_index} was put twice")
+            group.admit_version = self._outstanding[group.item_index]
+            self._ready[group.item_index] = group
             self._cond.notify_all()
 
     def reject(self, index: int, outcome: str, reason: str) -> None:
@@ -243,18 +156,17 @@ class SampleStream:
             raise ValueError(f"outcome must be 'filtered' or 'failed', got {outcome!r}")
         with self._cond:
             self._check_outstanding(index)
-            if index in self._ready or index in self._spare_ready:
+            if index in self._ready:
                 raise ValueError(f"item {index} is already ready; cannot reject it")
-            if self._spare.pop(index, None) is None:
-                del self._outstanding[index]
-            self._end(index, outcome, reason)
-            self._promote()
+            del self._outstanding[index]
+            getattr(self.stats, outcome)[reason] += 1
+            self._ledger.append((index, outcome, reason))
             self._cond.notify_all()
 
     def _check_outstanding(self, index: int) -> None:
         if self._closed:  # already accounted as filtered: run_ended
             raise StreamClosed("stream closed")
-        if index not in self._outstanding and index not in self._spare:
+        if index not in self._outstanding:
             raise ValueError(f"item {index} is not outstanding (never admitted or already done)")
 
     # ------------------------------------------------------------ consumer
@@ -300,7 +212,6 @@ class SampleStream:
                         del self._outstanding[i]
                         self._ledger.append((i, "consumed", ""))
                     self.stats.consumed += b
-                    self._promote()  # and end the spares that this batch made stale
                     self._cond.notify_all()
                     return groups
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -329,10 +240,11 @@ class SampleStream:
         with self._cond:
             if self._closed:
                 return
-            for i in sorted([*self._outstanding, *self._spare]):
-                self._end(i, "filtered", "run_ended")
-            for d in (self._outstanding, self._ready, self._spare, self._spare_ready):
-                d.clear()
+            for i in self._outstanding:
+                self.stats.filtered["run_ended"] += 1
+                self._ledger.append((i, "filtered", "run_ended"))
+            self._outstanding.clear()
+            self._ready.clear()
             self._closed = True
             self._cond.notify_all()
 
@@ -347,8 +259,7 @@ class SampleStream:
             return out
 
     def checkpoint(self) -> tuple[dict, list[tuple[int, str, str]]]:
-        """(the books and outstanding items, the drained ledger), atomically.
-        ``outstanding`` lists every item not yet ended, ``spare`` the spares among them."""
+        """(the books and outstanding items, the drained ledger), atomically."""
         with self._cond:
             s = self.stats
             state = {
@@ -356,55 +267,46 @@ class SampleStream:
                 "consumed": s.consumed,
                 "filtered": dict(s.filtered),
                 "failed": dict(s.failed),
-                "spares": s.spares,
-                "promoted": s.promoted,
                 "trainer_version": self._trainer_version,
-                "outstanding": sorted([*self._outstanding, *self._spare]),
-                "spare": sorted(self._spare),
+                "outstanding": sorted(self._outstanding),
             }
             out, self._ledger = self._ledger, []
             return state, out
 
     def restore(self, state: dict) -> None:
         """Continue from ``checkpoint()``'s state; its outstanding items are admitted
-        again at the trainer's version, and its spares are spares again at that
-        version (the caller re-issues them all)."""
+        again at the trainer's version (the caller re-issues them)."""
         with self._cond:
-            if self.stats.issued or self._outstanding or self._spare:
+            if self.stats.issued or self._outstanding:
                 raise RuntimeError("restore() needs a fresh stream")
             self.stats = StreamStats(
                 state["issued"],
                 state["consumed"],
-                state.get("spares", 0),
-                state.get("promoted", 0),
                 Counter(state["filtered"]),
                 Counter(state["failed"]),
             )
-            v = self._trainer_version = state["trainer_version"]
-            spare = set(state.get("spare", ()))
-            self._outstanding = {i: v for i in state["outstanding"] if i not in spare}
-            self._spare = {i: v for i in sorted(spare)}
+            self._trainer_version = state["trainer_version"]
+            self._outstanding = {i: self._trainer_version for i in state["outstanding"]}
 
     def outstanding(self) -> int:
-        """How many items are issued and not yet ended (spares and ready ones included)."""
         with self._cond:
-            return len(self._outstanding) + len(self._spare)
+            return len(self._outstanding)
 
     def outstanding_indices(self) -> set[int]:
-        """The items issued and not yet ended (spares and ready ones included)."""
+        """The items issued and not yet ended (ready ones included)."""
         with self._cond:
-            return set(self._outstanding) | set(self._spare)
+            return set(self._outstanding)
 
     def check_accounting(self) -> None:
         """Every issued item is consumed, filtered, failed, or still outstanding."""
         with self._cond:
             s = self.stats
             done = s.consumed + sum(s.filtered.values()) + sum(s.failed.values())
-            if done + len(self._outstanding) + len(self._spare) != s.issued:
+            if done + len(self._outstanding) != s.issued:
                 raise AssertionError(
                     f"accounting mismatch: issued={s.issued} consumed={s.consumed} "
                     f"filtered={dict(s.filtered)} failed={dict(s.failed)} "
-                    f"outstanding={len(self._outstanding)} spare={len(self._spare)}"
+                    f"outstanding={len(self._outstanding)}"
                 )
 
 

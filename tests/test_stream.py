@@ -41,11 +41,9 @@ class FakeEngine:
         threading.Thread(target=apply, daemon=True).start()
 
 
-def _run_schedule(
-    seed: int, eta: int, batch: int, steps: int, producers: int, spares: int = 0
-) -> SampleStream:
+def _run_schedule(seed: int, eta: int, batch: int, steps: int, producers: int) -> None:
     rng = random.Random(seed)
-    stream = SampleStream(items_per_batch=batch, max_staleness=eta, spare_items=spares)
+    stream = SampleStream(items_per_batch=batch, max_staleness=eta)
     engine = FakeEngine()
     outcome: dict[int, str] = {}
     outcome_lock = threading.Lock()
@@ -65,7 +63,7 @@ def _run_schedule(
                 for index in indices:
                     time.sleep(prng.random() * 0.003)  # generation time varies
                     roll = prng.random()
-                    if roll < (0.4 if spares else 0.15):  # spares replace dropped items
+                    if roll < 0.15:
                         stream.reject(index, "filtered", "zero_std")
                         record(index, "filtered")
                         continue
@@ -76,8 +74,7 @@ def _run_schedule(
                     # interruptible generation: later tokens may carry newer versions
                     lo, hi = admit_version, max(admit_version, engine.version)
                     versions = sorted(prng.randint(lo, hi) for _ in range(4))
-                    group = Group(index, -1, [_traj(versions, index) for _ in range(2)])
-                    stream.put(group)
+                    stream.put(Group(index, -1, [_traj(versions, index) for _ in range(2)]))
         except StreamClosed:
             return
         except BaseException as e:  # surfaced by the main thread
@@ -109,27 +106,17 @@ def _run_schedule(
     s = stream.stats
     assert s.consumed == steps * batch
     # every issued index ended exactly once, and the stream's counters agree
-    # a spare that went stale was put by its producer and ended by the stream
-    leftovers, stale = s.filtered["run_ended"], s.filtered["stale"]
-    assert len(outcome) + leftovers + stale == s.issued
+    leftovers = s.filtered["run_ended"]
+    assert len(outcome) + leftovers == s.issued
     assert sum(1 for v in outcome.values() if v == "consumed") == s.consumed
     assert sum(1 for v in outcome.values() if v == "failed") == sum(s.failed.values())
     assert sum(1 for v in outcome.values() if v == "filtered") == s.filtered["zero_std"]
-    assert stale <= s.spares and s.promoted <= s.spares
-    return stream
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_staleness_bound_and_accounting_random_schedules(seed: int, eta: int) -> None:
     _run_schedule(seed=seed, eta=eta, batch=4, steps=25, producers=3)
-
-
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("eta", [0, 1, 2])
-def test_spares_keep_the_bound_and_the_books_random_schedules(seed: int, eta: int) -> None:
-    stream = _run_schedule(seed=seed, eta=eta, batch=3, steps=25, producers=3, spares=3)
-    assert stream.stats.spares > 0 and stream.stats.promoted > 0
 
 
 def test_eta_zero_admits_exactly_one_batch_per_version() -> None:
@@ -193,69 +180,3 @@ def test_newer_ready_items_never_push_older_ones_past_the_bound() -> None:
     stream.put(Group(1, -1, [_traj([0], 1)]))
     assert [g.item_index for g in stream.get_batch(timeout=1)] == [1]  # forced, and it fits
     stream.check_accounting()
-
-
-def test_a_ready_spare_replaces_a_dropped_item_at_once() -> None:
-    """B=2, eta=1, two spares. Batch 0 is consumed; during its update the engine (still
-    at version 0) may start the 2 items of batch 1, and then only spares."""
-    stream = SampleStream(items_per_batch=2, max_staleness=1, spare_items=2)
-    assert stream.admit(0, 10) == [0, 1, 2, 3, 4, 5]  # 4 admitted, then 2 spares
-    assert stream.stats.spares == 2
-    for i in (0, 1, 3):
-        stream.put(Group(i, -1, [_traj([0], i)]))
-    assert [g.item_index for g in stream.get_batch(timeout=1)] == [0, 1]
-    stream.put(Group(5, -1, [_traj([0], 5)]))  # a spare is ready; nothing to replace yet
-    assert stream.admit(0, 10, timeout=0.01) == []  # both spares are out
-    stream.set_trainer_version(1)
-    stream.reject(2, "filtered", "zero_std")  # dropped: ready spare 5 takes its place
-    assert stream.stats.promoted == 1
-    assert [g.item_index for g in stream.get_batch(timeout=1)] == [3, 5]
-    # spare 4 (version 0) can never be admitted now: P allows no item below 2 - 1 = 1
-    stream.put(Group(4, -1, [_traj([0], 4)]))
-    assert stream.stats.filtered["stale"] == 1
-    stream.check_accounting()
-    assert stream.outstanding() == 0
-    stream.set_trainer_version(2)
-    assert stream.admit(1, 10) == [6, 7, 8, 9]  # 2 admitted at version 1, 2 spares
-    stream.close()
-    assert stream.stats.filtered["run_ended"] == 4
-    stream.check_accounting()
-
-
-def test_promotion_is_checked_against_the_invariant_not_the_capacity_rule() -> None:
-    """The capacity rule counts every outstanding item; P counts them per version. After
-    the engine moves on, a dropped old item can still be replaced by an old spare."""
-    stream = SampleStream(items_per_batch=2, max_staleness=1, spare_items=1)
-    assert stream.admit(0, 10) == [0, 1, 2, 3, 4]  # item 4 is a spare at version 0
-    for i in range(2):
-        stream.put(Group(i, -1, [_traj([0], i)]))
-    stream.get_batch(timeout=1)
-    stream.set_trainer_version(1)
-    assert stream.admit(1, 10) == [5, 6]  # batch 2's items, at version 1
-    stream.put(Group(4, -1, [_traj([0], 4)]))
-    stream.reject(2, "filtered", "zero_std")
-    # capacity at version 0: consumed 2 + outstanding 3 < (0 + 2) * 2 fails, but P holds:
-    # versions <= 0 hold 2 <= (0 + 1 + 1 - 1) * 2, versions <= 1 hold 4 <= (1 + 1 + 1 - 1) * 2
-    assert stream.stats.promoted == 1
-    stream.put(Group(3, -1, [_traj([0], 3)]))
-    assert [g.item_index for g in stream.get_batch(timeout=1)] == [3, 4]
-    # a drop with no spare left falls back to a new item
-    stream.set_trainer_version(2)
-    stream.reject(5, "filtered", "zero_std")
-    assert stream.admit(2, 10) == [7, 8, 9, 10]  # a replacement, 2 for batch 3, a spare
-    stream.check_accounting()
-
-
-def test_spares_survive_a_checkpoint_as_spares() -> None:
-    stream = SampleStream(items_per_batch=1, max_staleness=0, spare_items=1)
-    assert stream.admit(0, 10) == [0, 1]
-    state, ledger = stream.checkpoint()
-    assert state["outstanding"] == [0, 1] and state["spare"] == [1] and ledger == []
-    again = SampleStream(items_per_batch=1, max_staleness=0, spare_items=1)
-    again.restore(state)
-    again.put(Group(1, -1, [_traj([0], 1)]))  # still a spare: not consumable
-    assert again.get_batch(timeout=0.01) is None
-    again.reject(0, "filtered", "zero_std")  # now it is promoted and consumed
-    assert [g.item_index for g in again.get_batch(timeout=1)] == [1]
-    again.check_accounting()
-    assert again.stats.spares == 1 and again.stats.promoted == 1
