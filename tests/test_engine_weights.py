@@ -116,6 +116,35 @@ def test_a_large_layer_is_packed_in_blocks_of_rows():
     assert not torch.equal(out, ref)
 
 
+def test_packing_on_threads_builds_the_same_layers(monkeypatch):
+    """Blocks of every layer are packed on a pool's threads at load and at each weight
+    update; the layers must come out as a serial packing builds them, blocks in order."""
+    monkeypatch.setattr("streamrl.engines.quantize.ROWS_PER_BLOCK", 16)  # many blocks a layer
+    torch.manual_seed(0)
+    base, new = tiny_llama(), tiny_llama()
+    update = {
+        k: v.detach().clone() + 0.01 * torch.randn_like(v) for k, v in new.state_dict().items()
+    }
+    outputs = []
+    for threads in (1, 3):  # the engine's pool packs at construction and at every update
+        monkeypatch.setattr("streamrl.engines.inference.pack_threads", lambda n=threads: n)
+        engine = LocalEngine(copy.deepcopy(base), decode_slots=3, weights="float16")
+        assert (engine._packer is None) == (threads == 1)
+        first = sample(engine)
+        engine.update_weights(update, version=1)
+        outputs.append((first, sample(engine)))
+        assert max(len(m._packed) for m in engine.runner.linear_layers()) > 2
+    (serial0, serial1), (threaded0, threaded1) = outputs
+    for a, b in [*zip(serial0, threaded0, strict=True), *zip(serial1, threaded1, strict=True)]:
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs  # bit for bit
+    reference = packed_copy(copy.deepcopy(base))
+    reference.load_state_dict(update)
+    repack(reference)
+    for p, r in zip(PROMPTS, serial1, strict=True):  # and they are the updated weights
+        ref = full_logprobs(reference, p, r.token_ids, SP)
+        torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

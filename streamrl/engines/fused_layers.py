@@ -25,30 +25,26 @@ The engine fuses by default on the CPU, where it was measured
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamrl.engines.quantize import PackedLinear, loaded_by, pack
+from streamrl.engines.quantize import PackedLinear, loaded_by, pack_many
 
 
-def _fuse(linears: list[nn.Module], packed: bool) -> nn.Linear:
-    """One linear layer whose output is the concatenation of ``linears``' outputs."""
+def _concat(linears: list[nn.Module]) -> nn.Linear:
+    """One fp32 linear layer whose output is the concatenation of ``linears``' outputs."""
     w = torch.cat([m.weight.detach() for m in linears])
     biases = [m.bias for m in linears]
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=biases[0] is not None, device=w.device)
-    fused.requires_grad_(False)
-    fused.weight.data = w
+    # built on the meta device: a real nn.Linear would first fill a random init (slow)
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=biases[0] is not None, device="meta")
+    fused.weight = nn.Parameter(w, requires_grad=False)
     if fused.bias is not None:
-        fused.bias.data = torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
-    if not packed:
-        return fused
-    pack(fused)
-    # the engine reads only the packed copy, and refresh() rebuilds it from the layers'
-    # own weights: the fp32 concatenation need not stay
-    fused.weight.data = w.new_empty(0)
+        b = torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
+        fused.bias = nn.Parameter(b, requires_grad=False)
     return fused
 
 
@@ -112,19 +108,30 @@ class FusedDecoder:
         self.gate_up: list[nn.Linear] = [None] * len(self.layers)  # type: ignore[list-item]
         self.refresh()
 
-    def refresh(self, names: Iterable[str] | None = None) -> int:
+    def refresh(self, names: Iterable[str] | None = None, executor: Executor | None = None) -> int:
         """Rebuilds the fused weights from the layers' own after a weight update: those
-        holding a parameter among ``names`` (all when None). Returns how many it rebuilt."""
+        holding a parameter among ``names`` (all when None). Returns how many it rebuilt.
+        Packed ones are packed together, on ``executor``'s threads when given."""
         touched = loaded_by(self.model, names)
-        n = 0
+        jobs = []
         for i, layer in enumerate(self.layers):
             a, m = layer.self_attn, layer.mlp
             for fused, parts in ((self.qkv, [a.q_proj, a.k_proj, a.v_proj]),
                                  (self.gate_up, [m.gate_proj, m.up_proj])):  # fmt: skip
                 if any(touched(part) for part in parts):
-                    fused[i] = _fuse(parts, self.packed)
-                    n += 1
-        return n
+                    jobs.append((fused, i, parts))
+        parts_list = [parts for _, _, parts in jobs]
+        run = executor.map if executor is not None else map  # torch.cat releases the GIL
+        built = list(run(_concat, parts_list))
+        if self.packed:
+            pack_many(built, executor)
+            for layer in built:
+                # the engine reads only the packed copy, and refresh() rebuilds it from the
+                # layers' own weights: the fp32 concatenation need not stay
+                layer.weight.data = layer.weight.data.new_empty(0)
+        for (fused, i, _), layer in zip(jobs, built, strict=True):
+            fused[i] = layer
+        return len(jobs)
 
     def linear_layers(self) -> list[nn.Module]:
         """Every linear layer a step runs through this decoder, in order."""

@@ -43,7 +43,7 @@ import torch
 
 from streamrl.engines.fused_layers import fused_away, supports_fused
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
-from streamrl.engines.quantize import EngineWeights, pack_linears, repack
+from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
 from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
 from streamrl.engines.staging import WeightStaging
 from streamrl.types import GenerationRequest, GenerationResult
@@ -127,7 +127,12 @@ class LocalEngine(WeightStaging):
         if fuse_layers is None:
             fuse_layers = self.device.type == "cpu"
         fuse = self.fast_path and fuse_layers and supports_fused(model)
-        self.packed = pack_linears(model, weights, skip=fused_away(model) if fuse else ()) > 0
+        # FBGEMM's fp16 packing runs on every core this process may use (weight updates
+        # re-pack every layer: ~1.4 s for SmolLM2 on one core)
+        n = pack_threads() if weights != "float32" else 1
+        self._packer = ThreadPoolExecutor(n, "streamrl-pack") if n > 1 else None
+        skip = fused_away(model) if fuse else ()
+        self.packed = pack_linears(model, weights, skip, self._packer) > 0
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
                 model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed
@@ -285,8 +290,8 @@ class LocalEngine(WeightStaging):
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=False)  # in-place copy_
             if self.packed:  # only the layers whose weights arrived
-                repack(self.model, state_dict.keys())
-            self.runner.weights_loaded(state_dict.keys())
+                repack(self.model, state_dict.keys(), self._packer)
+            self.runner.weights_loaded(state_dict.keys(), self._packer)
         self.version = version
         self.stats.weight_updates += 1
 

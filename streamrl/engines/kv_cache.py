@@ -32,6 +32,7 @@ Two runners share one interface (``step``, ``weights_loaded``, ``release``):
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,10 +368,11 @@ class LlamaSlotRunner:
         for f in prefills:
             self.base[f.slot] = len(f.prompt) - self.steps
 
-    def weights_loaded(self, names: Iterable[str]) -> None:
-        """Called after the parameters ``names`` were loaded: fused copies follow them."""
+    def weights_loaded(self, names: Iterable[str], executor: Executor | None = None) -> None:
+        """Called after the parameters ``names`` were loaded: fused copies follow them
+        (packed on ``executor``'s threads when given)."""
         if self.fused is not None:
-            self.fused.refresh(names)
+            self.fused.refresh(names, executor)
 
     def linear_layers(self) -> list[torch.nn.Module]:
         """Every linear layer one step runs (the vocabulary head included)."""
@@ -420,7 +422,7 @@ class HFCacheRunner:
             rows.append(logits)
         return torch.stack(rows)
 
-    def weights_loaded(self, names: Iterable[str]) -> None:
+    def weights_loaded(self, names: Iterable[str], executor: Executor | None = None) -> None:
         pass
 
     def release(self, slot: int) -> None:
