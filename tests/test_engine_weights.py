@@ -14,7 +14,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from streamrl.config import load_config
 from streamrl.engines.fused_layers import fused_away
 from streamrl.engines.inference import LocalEngine
-from streamrl.engines.quantize import ROWS_PER_BLOCK, PackedLinear, pack_linears, repack
+from streamrl.engines.quantize import (
+    ROWS_PER_BLOCK,
+    PackedLinear,
+    pack_linears,
+    pack_threads,
+    repack,
+)
 from streamrl.launch import train
 from streamrl.preflight import PreflightError, check_engine_weights
 from streamrl.types import GenerationRequest, SamplingParams
@@ -143,6 +149,18 @@ def test_packing_on_threads_builds_the_same_layers(monkeypatch):
     for p, r in zip(PROMPTS, serial1, strict=True):  # and they are the updated weights
         ref = full_logprobs(reference, p, r.token_ids, SP)
         torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_packing_threads_follow_the_cores_and_a_thread_budget(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert pack_threads() == 4  # at most 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # e.g. a Ray actor with num_cpus=1
+    assert pack_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert pack_threads() == 4
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3}, raising=False)  # pinned
+    assert pack_threads() == 1
 
 
 @pytest.mark.parametrize(

@@ -135,11 +135,15 @@ def _prepack(job: tuple[nn.Linear, int]) -> object:
 
 def pack_threads() -> int:
     """Threads for packing at a weight update: the cores this process may run on, at
-    most 4 (the trainer may be busy on some of them; packing is short)."""
+    most 4 (the trainer may be busy on some of them; packing is short), and at most
+    ``OMP_NUM_THREADS`` where that is set (Ray sets it to an actor's ``num_cpus``)."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         n = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        n = min(n, int(omp))
     return max(1, min(4, n))
 
 
