@@ -92,11 +92,6 @@ def pack_linears(
     return len(linears)
 
 
-def pack(module: nn.Linear) -> PackedLinear:
-    """Swaps one fp32 ``nn.Linear`` to :class:`PackedLinear` and packs it."""
-    return pack_many([module])[0]
-
-
 def pack_many(modules: Sequence[nn.Linear], executor: Executor | None = None) -> list[PackedLinear]:
     """Swaps fp32 ``nn.Linear`` layers to :class:`PackedLinear` and packs them together
     (on ``executor``'s threads when given, see :func:`pack_all`)."""
