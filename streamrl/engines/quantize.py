@@ -48,9 +48,6 @@ class PackedLinear(nn.Linear):
 
     _packed: list[object]
 
-    def repack(self) -> None:
-        pack_all([self])
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)  # packed weights have no gradient
@@ -110,7 +107,8 @@ def pack_all(modules: Sequence[PackedLinear], executor: Executor | None = None) 
     over ``executor``'s threads when one is given. The result is the same either way.
     """
     jobs = [(m, lo) for m in modules for lo in range(0, m.weight.shape[0], ROWS_PER_BLOCK)]
-    blocks = list(executor.map(_prepack, jobs)) if executor is not None else map(_prepack, jobs)
+    blocks = executor.map(_prepack, jobs) if executor is not None else map(_prepack, jobs)
+    blocks = list(blocks)  # every block is built before any layer's packed list changes
     for m in modules:
         m._packed = []
     for (m, _), block in zip(jobs, blocks, strict=True):
