@@ -151,6 +151,35 @@ def test_packing_on_threads_builds_the_same_layers(monkeypatch):
         torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=1e-4, rtol=0)
 
 
+def test_an_engine_over_a_model_packed_before_follows_its_own_weights():
+    """The local backend's extra rollout workers get a deep copy of a model the first
+    worker's engine already packed. Their engines must pack it as their own ``weights``
+    say and re-pack at every update, so that no stale packed copy is ever sampled."""
+    torch.manual_seed(0)
+    base, new = tiny_llama(), tiny_llama()
+    with torch.no_grad():  # sharper than a random init, so that stale weights show
+        for w in new.parameters():
+            if w.dim() == 2:
+                w.mul_(4.0)
+    update = {k: v.detach().clone() for k, v in new.state_dict().items()}
+    first = LocalEngine(copy.deepcopy(base), decode_slots=3, weights="float16")
+    second = LocalEngine(copy.deepcopy(first.model), decode_slots=3, weights="float16")
+    assert second.packed
+    assert all(type(m) is PackedLinear for m in second.runner.linear_layers())
+    second.update_weights(update, version=1)
+    reference = packed_copy(new)
+    for p, r in zip(PROMPTS, sample(second), strict=True):
+        ref = full_logprobs(reference, p, r.token_ids, SP)
+        torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=1e-4, rtol=0)
+    # an fp32 engine over a packed model runs the fp32 weights
+    plain = LocalEngine(copy.deepcopy(first.model), decode_slots=3)
+    assert not plain.packed
+    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    for p, r in zip(PROMPTS, sample(plain), strict=True):
+        ref = full_logprobs(base, p, r.token_ids, SP)
+        torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=1e-5, rtol=0)
+
+
 def test_packing_threads_follow_the_cores_and_a_thread_budget(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -67,10 +67,17 @@ def pack_linears(
     """Makes every ``nn.Linear`` of ``model`` but ``skip`` compute with ``weights``-precision
     weights (``skip``: layers the engine never runs, such as the projections it fuses).
 
-    Returns how many layers were packed (0 for ``float32``, which changes nothing).
+    Returns how many layers were packed (0 for ``float32``). A model packed before (a
+    second engine over it, or a deep copy of an engine's model, as the local backend
+    gives its extra rollout workers) is first set back to plain ``nn.Linear`` layers, so
+    that ``weights`` holds and every packed copy is built from the current fp32 weights.
     Raises a ValueError when the model is not an fp32 model on the CPU, or when this
     torch build has no FBGEMM kernels.
     """
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            m.__class__ = nn.Linear
+            del m._packed
     if weights == "float32":
         return 0
     if weights != "float16":
