@@ -196,6 +196,12 @@ def main() -> None:
         help="also time each engine variant on the model's own layer modules "
         "(LocalEngine(fuse_layers=False)), the path before fused projections",
     )
+    ap.add_argument(
+        "--sdpa-decode",
+        action="store_true",
+        help="also time each engine variant with sdpa for decode attention instead of the "
+        "CPU default, batched matmuls (SlotKVCache.decode_bmm = False)",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -207,19 +213,23 @@ def main() -> None:
     )
     prompts = [pool[i % len(pool)] for i in range(args.n_prompts)]
     max_len = max(map(len, prompts)) + args.max_new_tokens
-    variants = [(w, True) for w in args.engine_weights]
-    variants += [(w, False) for w in args.engine_weights] if args.unfused else []
+    variants = [(w, True, "") for w in args.engine_weights]
+    variants += [(w, False, " unfused") for w in args.engine_weights] if args.unfused else []
+    variants += [(w, True, " sdpa") for w in args.engine_weights] if args.sdpa_decode else []
     engines = {
-        w + ("" if fuse else " unfused"): LocalEngine(
-            model if (w, fuse) == ("float32", True) else copy.deepcopy(model),
+        w + tag: LocalEngine(
+            model if (w, tag) == ("float32", "") else copy.deepcopy(model),
             decode_slots=args.batch,
             max_seq_len=max_len,
             device=args.device,
             weights=w,
             fuse_layers=fuse,
         )
-        for w, fuse in variants
+        for w, fuse, tag in variants
     }
+    for name, engine in engines.items():
+        if name.endswith(" sdpa") and hasattr(engine.runner, "cache"):
+            engine.runner.cache.decode_bmm = False
 
     workloads = ["eos", "fixed"] if args.workload == "both" else [args.workload]
     rows = []

@@ -117,7 +117,9 @@ def test_greedy_matches_hf_generate_with_refills(arch, llama):
     assert engine.stats.tokens_generated == sum(lengths)
 
 
-def test_logprobs_equal_full_forward(llama):
+@pytest.mark.parametrize("decode_bmm", [True, False], ids=["bmm", "sdpa"])
+def test_logprobs_equal_full_forward(llama, decode_bmm):
+    """Both decode-attention kernels (batched matmuls, the CPU default; sdpa, elsewhere)."""
     params = [
         SamplingParams(temperature=0.7, top_k=10, max_new_tokens=8),
         SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=11),
@@ -126,7 +128,10 @@ def test_logprobs_equal_full_forward(llama):
         SamplingParams(temperature=1.0, max_new_tokens=10),
         SamplingParams(temperature=0.5, top_p=0.5, max_new_tokens=7),
     ]
-    results = LocalEngine(llama, decode_slots=3).generate(reqs(params))
+    engine = LocalEngine(llama, decode_slots=3)
+    assert engine.runner.cache.decode_bmm  # on CPU
+    engine.runner.cache.decode_bmm = decode_bmm
+    results = engine.generate(reqs(params))
     for p, sp, r in zip(PROMPTS, params, results, strict=True):
         assert len(r.token_ids) == len(r.logprobs) == len(r.versions) == sp.max_new_tokens
         ref = full_logprobs(llama, p, r.token_ids, sp)

@@ -129,6 +129,26 @@ class SlotKVCache:
         # (slot, token offset, prompt length, source slot, shared prefix length)
         self.prefills: list[tuple[int, int, int, int, int]] = []
         self.prefix_masks: list[torch.Tensor | None] = []  # (t_new, P) bool, when shared
+        # decode attention by batched matmuls on CPU (measured faster there), sdpa elsewhere
+        self.decode_bmm = self.device.type == "cpu"
+        self.mask_bmm: torch.Tensor | None = None  # (n * H_kv, 1, kv_len), built per step
+
+    def _decode_bmm(
+        self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        """Decode attention as two batched matrix products: q (n, H_kv, rep, D) over
+        keys/values (n, H_kv, L, D) -> (n, H_kv, rep, D). On CPU this beats sdpa's flash
+        kernel at decode shapes (a few query rows per kv head, a short cache)."""
+        n, kvh, rep, d = q.shape
+        if self.mask_bmm is None:  # once per step: the mask of every (slot, kv head)
+            self.mask_bmm = self.mask.expand(n, kvh, 1, -1).reshape(n * kvh, 1, -1)
+        scores = torch.baddbmm(
+            self.mask_bmm,
+            q.reshape(n * kvh, rep, d),
+            keys.flatten(0, 1).transpose(1, 2),
+            alpha=d**-0.5 if scale is None else scale,
+        )  # (n * H_kv, rep, L)
+        return torch.bmm(scores.softmax(-1), vals.flatten(0, 1)).view(n, kvh, rep, d)
 
     def ensure_capacity(self, length: int) -> bool:
         """Grows the buffers to ``length`` positions (doubling, capped at max_len).
@@ -171,11 +191,13 @@ class SlotKVCache:
                 0, self.flat_idx, v[0, :, :n].transpose(0, 1).reshape(-1, d)
             )
             kv_len = self.mask.shape[-1]
+            keys, vals = kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len]  # views, no copy
             # grouped-query: fold the query heads of one kv head into the query axis
             qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
-            o = F.scaled_dot_product_attention(
-                qd, kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len], attn_mask=self.mask, scale=scale
-            )
+            if self.decode_bmm:
+                o = self._decode_bmm(qd, keys, vals, scale)
+            else:
+                o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=self.mask, scale=scale)
             if not self.prefills:  # pure decode step: no staging buffer needed
                 return o.reshape(1, n, h, d)
             out[:n] = o.reshape(n, h, d)
@@ -334,6 +356,7 @@ class LlamaSlotRunner:
             slot_head = self.slot_ids[:n, None] * self.kv_heads + self.heads  # (n, H_kv)
             c.flat_idx = (slot_head * self.cache.capacity + c.pos[:, None]).reshape(-1)
             c.mask = self.mask[:n, :, :, :kv_len]
+            c.mask_bmm = None
             ids.append(tokens[:n])
             pos.append(c.pos)
         off, flat_ids, flat_pos, last = n, [], [], []
