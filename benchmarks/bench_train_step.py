@@ -11,6 +11,7 @@ from the same weights and run interleaved, ``--repeats`` times each, after one w
 
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 8 --threads 1
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 48 --variants default foreach-adam
+    PYTHONPATH=. python benchmarks/bench_train_step.py --completion 24 --variants default dense-embed
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ VARIANTS = {  # --variants name: (label, TrainEngine arguments)
     "padded": ("padded, head on loss tokens", {"packed": False}),
     "padded-every": ("padded, head on every position", {"packed": False, "head_on_targets": False}),
     "foreach-adam": ("packed, foreach AdamW (before fused)", {"fused": False}),
+    "micro16": ("packed, 16 sequences a micro-batch", {"micro_batch_sequences": 16}),
+    "dense-embed": ("packed, dense embedding gradient (before sparse)", {}),
 }
+
+
+def dense_embedding(engine: TrainEngine) -> None:
+    """The trainer before the tied embedding sent a sparse gradient."""
+    engine.model.get_input_embeddings().sparse = False
+    engine._sparse_embedding = None
 
 
 def make_batch(tokenizer, n: int, completion: int, group: int = 8, seed: int = 0) -> Batch:
@@ -77,10 +86,12 @@ def main() -> None:
     loss_fn = make_rl_loss_fn("ppo_clip")
     engines = {
         VARIANTS[v][0]: TrainEngine(
-            copy.deepcopy(model), lr=5e-6, micro_batch_sequences=8, **VARIANTS[v][1]
+            copy.deepcopy(model), lr=5e-6, **{"micro_batch_sequences": 8, **VARIANTS[v][1]}
         )
         for v in args.variants
     }
+    if "dense-embed" in args.variants:
+        dense_embedding(engines[VARIANTS["dense-embed"][0]])
     times: dict[str, list[float]] = {name: [] for name in engines}
     for rep in range(args.repeats + 1):  # the first round is the warm-up
         for name, engine in engines.items():

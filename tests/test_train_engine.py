@@ -247,3 +247,47 @@ def test_trainer_follows_its_schedule_step_by_step() -> None:
     batch = make_batch()
     lrs = [engine.train_batch(batch, make_rl_loss_fn("ppo_clip"))["lr"] for _ in range(4)]
     assert lrs == pytest.approx([0.01, 0.01, 0.005, 0.0])
+
+
+class _ValueOnlyLoss:
+    """A loss on the critic's values alone: no gradient reaches the vocabulary head."""
+
+    needs_values = True
+
+    def __call__(self, outputs, batch):
+        return (outputs["values"][batch.loss_mask] - 1.0).pow(2).mean(), {}
+
+
+def test_a_tied_embedding_sends_a_sparse_gradient_with_the_same_sum(monkeypatch):
+    """An input embedding tied to the head sends only its looked-up rows; autograd adds
+    them to the head's dense gradient of the same weight. The sum must be the dense
+    backward's, and a gradient no head term joined is made dense for the optimizer."""
+    monkeypatch.setattr("streamrl.engines.train.HEAD_ON_TARGETS_MIN_VOCAB", 0)
+    model, batch = tiny_model(tie_word_embeddings=True), make_batch()
+    loss_fn = make_rl_loss_fn("ppo_clip", PolicyLossParams(), kl_coef=0.1, entropy_coef=0.05)
+    runs = {}
+    for sparse in (True, False):
+        engine = TrainEngine(copy.deepcopy(model), micro_batch_sequences=2)
+        assert engine.model.get_input_embeddings().sparse
+        engine.model.get_input_embeddings().sparse = sparse
+        engine.optimizer = torch.optim.SGD(engine.trainable, lr=0.1)  # see _grads_and_weights
+        engine.train_batch(batch, loss_fn)
+        runs[sparse] = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+        tied = engine.model.get_input_embeddings().weight
+        assert tied is engine.model.get_output_embeddings().weight and not tied.grad.is_sparse
+    for name, w in runs[True].items():
+        torch.testing.assert_close(w, runs[False][name], atol=1e-6, rtol=0)
+    assert not torch.equal(runs[True]["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+    # untied (or frozen) embeddings keep the dense backward
+    assert not TrainEngine(tiny_model()).model.get_input_embeddings().sparse
+    # a critic-only loss: the tied weight's gradient comes from the embedding alone
+    engine = TrainEngine(copy.deepcopy(model), micro_batch_sequences=2)  # fused AdamW
+    engine.value_head = torch.nn.Linear(CONFIG["hidden_size"], 1)
+    engine.add_trainable(engine.value_head)
+    before = engine.model.get_input_embeddings().weight.detach().clone()
+    metrics = engine.train_batch(batch, _ValueOnlyLoss())
+    tied = engine.model.get_input_embeddings().weight
+    assert metrics["steps"] == 1 and not tied.grad.is_sparse
+    looked_up = batch.input_ids[batch.attention_mask].unique()
+    moved = (tied.detach() != before).any(1)
+    assert moved.any() and not moved[~torch.isin(torch.arange(len(moved)), looked_up)].any()
