@@ -278,7 +278,7 @@ def test_a_tied_embedding_sends_a_sparse_gradient_with_the_same_sum(monkeypatch)
     for name, w in runs[True].items():
         torch.testing.assert_close(w, runs[False][name], atol=1e-6, rtol=0)
     assert not torch.equal(runs[True]["model.embed_tokens.weight"], model.model.embed_tokens.weight)
-    # untied (or frozen) embeddings keep the dense backward
+    # an untied embedding keeps the dense backward
     assert not TrainEngine(tiny_model()).model.get_input_embeddings().sparse
     # a critic-only loss: the tied weight's gradient comes from the embedding alone
     engine = TrainEngine(copy.deepcopy(model), micro_batch_sequences=2)  # fused AdamW
