@@ -131,7 +131,7 @@ class SlotKVCache:
         self.prefix_masks: list[torch.Tensor | None] = []  # (t_new, P) bool, when shared
         # decode attention by batched matmuls on CPU (measured faster there), sdpa elsewhere
         self.decode_bmm = self.device.type == "cpu"
-        self.mask_bmm: torch.Tensor | None = None  # (n * H_kv, 1, kv_len), built per step
+        self.mask_bmm: torch.Tensor | None = None  # (n * H_kv, 1, kv_len), with decode_bmm
 
     def _decode_bmm(
         self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float | None
@@ -140,8 +140,6 @@ class SlotKVCache:
         keys/values (n, H_kv, L, D) -> (n, H_kv, rep, D). On CPU this beats sdpa's flash
         kernel at decode shapes (a few query rows per kv head, a short cache)."""
         n, kvh, rep, d = q.shape
-        if self.mask_bmm is None:  # once per step: the mask of every (slot, kv head)
-            self.mask_bmm = self.mask.expand(n, kvh, 1, -1).reshape(n * kvh, 1, -1)
         scores = torch.baddbmm(
             self.mask_bmm,
             q.reshape(n * kvh, rep, d),
@@ -356,7 +354,10 @@ class LlamaSlotRunner:
             slot_head = self.slot_ids[:n, None] * self.kv_heads + self.heads  # (n, H_kv)
             c.flat_idx = (slot_head * self.cache.capacity + c.pos[:, None]).reshape(-1)
             c.mask = self.mask[:n, :, :, :kv_len]
-            c.mask_bmm = None
+            if c.decode_bmm:  # the mask of every (slot, kv head), as one batch of products
+                c.mask_bmm = c.mask.expand(n, self.kv_heads, 1, -1).reshape(
+                    n * self.kv_heads, 1, -1
+                )
             ids.append(tokens[:n])
             pos.append(c.pos)
         off, flat_ids, flat_pos, last = n, [], [], []

@@ -96,13 +96,12 @@ def pack_linears(
     return len(linears)
 
 
-def pack_many(modules: Sequence[nn.Linear], executor: Executor | None = None) -> list[PackedLinear]:
+def pack_many(modules: Sequence[nn.Linear], executor: Executor | None = None) -> None:
     """Swaps fp32 ``nn.Linear`` layers to :class:`PackedLinear` and packs them together
     (on ``executor``'s threads when given, see :func:`pack_all`)."""
     for module in modules:
         module.__class__ = PackedLinear
     pack_all(modules, executor)  # type: ignore[arg-type]
-    return modules  # type: ignore[return-value]
 
 
 def pack_all(modules: Sequence[PackedLinear], executor: Executor | None = None) -> None:
