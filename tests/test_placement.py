@@ -128,3 +128,86 @@ def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch)
     assert flags == [0.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert summary["stream/consumed"] == 6 * 2
     assert summary["stream/issued"] == summary["stream/consumed"] + summary["stream/filtered"]
+
+
+def test_core_lending_gives_the_trainer_every_core_only_while_engines_idle() -> None:
+    import torch
+
+    from streamrl.backends.placement import CoreLending
+
+    before = torch.get_num_threads()
+    script = iter([False, True, True, False, True])
+    lending = CoreLending(lambda: next(script), share=1, total=2)
+    try:
+        seen = []
+        for _ in range(5):
+            lending()
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 2, 2, 1, 2]
+        assert lending.take_fraction() == 3 / 5 and lending.take_fraction() == 0.0
+        lending.active = False  # time-shared: the count is left alone
+        lending()
+        assert torch.get_num_threads() == 2 and lending.calls == 0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_core_lending_applies_only_to_a_local_disaggregated_run_with_default_threads() -> None:
+    from streamrl.backends.placement import core_lending
+
+    class Local:
+        def engines_idle(self) -> bool:
+            return True
+
+    def lend(*overrides: str, backend=Local(), cpus=(0, 1)):
+        cfg = load_config(None, list(overrides))
+        return core_lending(cfg, plan_placement(cfg, list(cpus)), backend, len(cpus))
+
+    lending = lend()
+    assert lending is not None and (lending.share, lending.total) == (1, 2)
+    assert lend("runtime.threads=1") is None  # a fixed count is what was asked for
+    assert lend("runtime.lend_idle_cores=false") is None
+    assert lend("runtime.placement=colocated") is None  # every core already
+    assert lend(backend=object()) is None  # engines in other processes: nothing to read
+    assert lend(cpus=(0,)) is None  # nothing to lend
+
+
+def test_a_local_run_lends_idle_cores_to_the_trainer_and_removes_its_hooks(
+    tmp_path, monkeypatch
+) -> None:
+    """Wired end to end: the trainer calls the lending at its layers during the update,
+    each step's row says how often every core was taken, and the hooks are gone after."""
+    import json
+
+    import streamrl.backends.placement as placement
+    import streamrl.controller
+    from streamrl.launch import train
+
+    monkeypatch.setattr(placement, "available_cpus", lambda: [0, 1])
+    monkeypatch.setattr(streamrl.controller, "available_cpus", lambda: [0, 1])
+    calls = []
+    real = placement.CoreLending.__call__
+
+    def spy(self) -> None:
+        real(self)
+        calls.append(self.current)
+
+    monkeypatch.setattr(placement.CoreLending, "__call__", spy)
+    cfg = load_config(
+        None,
+        [
+            "model.name_or_path=tiny-small", "sft.steps=0", "eval.every=0",
+            "eval.heldout_size=4", "algorithm.dynamic_sampling=false",
+            "train.steps=4", "train.items_per_step=2", "rollout.group_size=4",
+            "rollout.max_new_tokens=6", f"run.output_dir={tmp_path}", "run.progress=false",
+            "run.tensorboard=false",
+        ],
+    )  # fmt: skip
+    result = train(cfg)
+    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").open()]
+    lent = [r["placement/cores_lent"] for r in rows if "placement/cores_lent" in r]
+    assert len(lent) == 4 and all(0.0 <= x <= 1.0 for x in lent)
+    # 2 layers x (forward + backward) + a micro-batch and an optimizer step, per update
+    assert len(calls) >= 4 * 6 and set(calls) <= {1, 2}
+    model = result.trainer.model
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
