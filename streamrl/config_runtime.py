@@ -39,9 +39,9 @@ class RuntimeConfig(_Section):
     lend_idle_cores: bool = Field(
         True,
         description="runtime.backend=local, disaggregated, runtime.threads unset: while "
-        "no item is in flight and none may start before the next publish, the trainer takes "
-        "every core, and hands the rollout share back at its next decoder layer once one "
-        "may (placement/cores_lent). false keeps the fixed split.",
+        "every rollout engine is idle, the trainer takes every core, and hands the rollout "
+        "share back at its next decoder layer once an engine has work (torch thread counts "
+        "are per OS thread). false keeps the fixed split.",
     )
     pin_cpus: bool = Field(
         True,

@@ -495,7 +495,7 @@ class Session:
         all_cpus = tuple(available_cpus())  # before the trainer is pinned to its share
         pool.start()
         apply_placement(placement.trainer_cpus, placement.trainer_threads)
-        lending = core_lending(cfg, placement, pool, len(all_cpus))
+        lending = core_lending(cfg, placement, getattr(pool, "backend", None), len(all_cpus))
         set_hook = getattr(trainer, "set_layer_hook", None)  # LM trainers have layers
         if lending is not None and set_hook is not None:
             set_hook(lending)

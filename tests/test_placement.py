@@ -130,7 +130,7 @@ def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch)
     assert summary["stream/issued"] == summary["stream/consumed"] + summary["stream/filtered"]
 
 
-def test_core_lending_gives_the_trainer_every_core_only_while_the_pool_is_settled() -> None:
+def test_core_lending_gives_the_trainer_every_core_only_while_engines_idle() -> None:
     import torch
 
     from streamrl.backends.placement import CoreLending
@@ -152,69 +152,23 @@ def test_core_lending_gives_the_trainer_every_core_only_while_the_pool_is_settle
         torch.set_num_threads(before)
 
 
-def test_a_pool_is_settled_only_when_nothing_is_in_flight_or_admissible() -> None:
-    """At eta = 1 with 2 items a batch: 4 items may start at version 0. Settled once all
-    4 have reported and the stream admits nothing more; a dropped group reopens a place."""
-    from streamrl.backends import RolloutPool
-    from streamrl.data import build_task_source
-    from streamrl.stream import Group, SampleStream
-
-    stream = SampleStream(items_per_batch=2, max_staleness=1)
-
-    class Idle:
-        name, num_workers, restartable = "local", 1, False
-
-        def publish(self, state_dict, version: int) -> None:
-            pass
-
-    pool = RolloutPool(Idle(), stream, build_task_source("arithmetic").train_iter(0))
-    assert pool.settled()  # no worker is ready yet: none can be given work
-    pool.versions = [0]
-    assert not pool.settled()  # 4 places free
-    indices = stream.admit(0, 4)
-    pool.inflight[0] = {i: None for i in indices}
-    assert not pool.settled()  # in flight
-    for i in indices[:3]:
-        pool.inflight[0].pop(i)
-        stream.put(Group(i, 0, []))
-    assert not pool.settled()  # the last one's report is not read yet
-    pool.inflight[0].clear()
-    stream.reject(indices[3], "filtered", "zero_reward_std")
-    assert not pool.settled()  # its place is free: a replacement may start
-    (again,) = stream.admit(0, 1)
-    stream.put(Group(again, 0, []))
-    assert pool.settled()  # every place taken by a finished group: idle until a publish
-    assert stream.get_batch(timeout=0) is not None
-    assert pool.settled()  # consumed, but the trainer has not published version 1
-    stream.set_trainer_version(1)
-    pool.versions = [1]
-    assert not pool.settled()  # version 1 may start the next items
-    pool.hold(True)
-    assert pool.settled()  # the last step: nothing is admitted any more
-    pool.publish({}, 2)
-    assert not pool.settled()  # the worker is loading version 2
-    pool._synced(2)  # what the pump does when the worker reports it
-    assert pool.settled()
-
-
 def test_core_lending_applies_only_to_a_local_disaggregated_run_with_default_threads() -> None:
     from streamrl.backends.placement import core_lending
 
-    class Pool:
-        def settled(self) -> bool:
+    class Local:
+        def engines_idle(self) -> bool:
             return True
 
-    def lend(*overrides: str, pool=Pool(), cpus=(0, 1)):
+    def lend(*overrides: str, backend=Local(), cpus=(0, 1)):
         cfg = load_config(None, list(overrides))
-        return core_lending(cfg, plan_placement(cfg, list(cpus)), pool, len(cpus))
+        return core_lending(cfg, plan_placement(cfg, list(cpus)), backend, len(cpus))
 
     lending = lend()
     assert lending is not None and (lending.share, lending.total) == (1, 2)
     assert lend("runtime.threads=1") is None  # a fixed count is what was asked for
     assert lend("runtime.lend_idle_cores=false") is None
     assert lend("runtime.placement=colocated") is None  # every core already
-    assert lend("runtime.backend=process") is None  # workers own pinned cores
-    assert lend(pool=object()) is None  # a pool that cannot tell (the endpoint's)
+    assert lend(backend=object()) is None  # engines in other processes: nothing to read
     assert lend(cpus=(0,)) is None  # nothing to lend
 
 

@@ -86,22 +86,21 @@ def apply(cpus: tuple[int, ...] | None, threads: int) -> None:
 
 
 class CoreLending:
-    """The trainer takes every core while the rollout workers can get no work.
+    """The trainer's thread takes every core while no rollout engine has work.
 
-    At η = 1 the rollout engine goes idle once the next batch is generated: the stream
-    admits nothing more before the trainer publishes, so the update is the step's
-    critical path, and the rollout core would idle through the rest of it.
+    torch's intra-op thread count (OpenMP and MKL) is a setting of each OS thread, so the
+    trainer's thread changes its own without touching the engines' threads. The trainer
+    calls this object at every decoder layer's forward and backward and once per
+    micro-batch (:meth:`TrainEngine.set_layer_hook`): ``total`` threads while ``idle()``,
+    ``share`` otherwise. An engine that gets work mid-update shares its core with one of
+    the trainer's threads for at most one layer.
 
-    The trainer calls this object at every decoder layer's forward and backward, once per
-    micro-batch and before each optimizer step (:meth:`TrainEngine.set_layer_hook`). It
-    sets torch's thread count: ``total`` while ``settled()`` (the pool's word that no
-    item is in flight and none may start), ``share`` otherwise. A group dropped by
-    dynamic sampling frees a place, its replacement is admitted, and the trainer hands
-    the core back at its next layer.
+    At η = 1 the engine is idle once the next batch is generated, until the trainer
+    publishes: then the update is the step's critical path, and every core shortens it.
     """
 
-    def __init__(self, settled: Callable[[], bool], share: int, total: int) -> None:
-        self.settled, self.share, self.total = settled, share, total
+    def __init__(self, idle: Callable[[], bool], share: int, total: int) -> None:
+        self.idle, self.share, self.total = idle, share, total
         self.current = share
         self.active = True  # False while time-shared (runtime.placement=auto)
         self.calls = self.lent = 0  # layer calls, and those that ran on every core
@@ -109,7 +108,7 @@ class CoreLending:
     def __call__(self) -> None:
         if not self.active:
             return
-        n = self.total if self.settled() else self.share
+        n = self.total if self.idle() else self.share
         self.calls += 1
         self.lent += n > self.share
         if n != self.current:
@@ -123,18 +122,17 @@ class CoreLending:
         return fraction
 
 
-def core_lending(cfg: Config, placement: Placement, pool: Any, total: int) -> CoreLending | None:
+def core_lending(cfg: Config, placement: Placement, backend: Any, total: int) -> CoreLending | None:
     """``runtime.lend_idle_cores`` for this run, or None where it does not apply: a fixed
     ``runtime.threads``, colocated placement (the trainer has every core already), a
-    backend whose workers own pinned cores in other processes, a pool that cannot say
-    when its workers are settled, or nothing to lend."""
+    backend whose engines are not threads of this process, or nothing to lend."""
     rt = cfg.runtime
-    settled = getattr(pool, "settled", None)
-    if not rt.lend_idle_cores or rt.threads or placement.colocated or rt.backend != "local":
+    idle = getattr(backend, "engines_idle", None)
+    if not rt.lend_idle_cores or rt.threads or placement.colocated or idle is None:
         return None
-    if settled is None or total <= placement.trainer_threads:
+    if total <= placement.trainer_threads:
         return None
-    return CoreLending(settled, placement.trainer_threads, total)
+    return CoreLending(idle, placement.trainer_threads, total)
 
 
 class AutoPlacement:

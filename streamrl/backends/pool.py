@@ -183,21 +183,6 @@ class RolloutPool(PoolBooks):
                 out[k] = out.get(k, 0) + v
         return out
 
-    def settled(self) -> bool:
-        """Every worker has loaded the last published weights, no item is in flight or
-        waiting for a worker, and none may start before the trainer publishes again
-        (admission is held, or the stream's capacity at every worker's version is 0):
-        the workers get no work until then (``runtime.lend_idle_cores``). A finished item
-        counts as in flight until its report is read, so a dropped group never looks
-        settled in the moment before its replacement is admitted; and a worker still
-        loading a version is busy, though it reports the old one."""
-        with self._lock:
-            if self._orphans or any(self.inflight) or self._published:
-                return False
-            return self._hold or all(
-                v is None or self.stream.capacity(v) == 0 for v in self.versions
-            )
-
     def _broadcast(self, command: Command) -> None:
         for w in range(self.backend.num_workers):  # backends' send is thread-safe
             with contextlib.suppress(WorkerLost):  # the pump replaces it
