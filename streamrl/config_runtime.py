@@ -36,13 +36,6 @@ class RuntimeConfig(_Section):
         description="Trainer torch threads. Default: all cores for SFT and evaluation; "
         "during RL, the cores left by the rollout workers (disaggregated) or all (colocated).",
     )
-    lend_idle_cores: bool = Field(
-        True,
-        description="runtime.backend=local, disaggregated, runtime.threads unset: while "
-        "every rollout engine is idle, the trainer takes every core, and hands the rollout "
-        "share back at its next decoder layer once an engine has work (torch thread counts "
-        "are per OS thread). false keeps the fixed split.",
-    )
     pin_cpus: bool = Field(
         True,
         description="Disaggregated process/ray workers and trainer are pinned to disjoint cores.",

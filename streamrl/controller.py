@@ -37,7 +37,7 @@ import torch
 
 from streamrl.algorithms import sft_loss
 from streamrl.backends import RolloutPool, make_backend, plan_placement
-from streamrl.backends.placement import AutoPlacement, available_cpus, core_lending
+from streamrl.backends.placement import AutoPlacement, available_cpus
 from streamrl.backends.placement import apply as apply_placement
 from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.checkpoint import (
@@ -495,10 +495,6 @@ class Session:
         all_cpus = tuple(available_cpus())  # before the trainer is pinned to its share
         pool.start()
         apply_placement(placement.trainer_cpus, placement.trainer_threads)
-        lending = core_lending(cfg, placement, getattr(pool, "backend", None), len(all_cpus))
-        set_hook = getattr(trainer, "set_layer_hook", None)  # LM trainers have layers
-        if lending is not None and set_hook is not None:
-            set_hook(lending)
         try:
             pool.wait_version(version, timeout=START_TIMEOUT_S)  # every worker runs it
             for step in range(version + 1, steps + 1):
@@ -539,13 +535,11 @@ class Session:
                 if change is not None:  # runtime.placement=auto measured and chose
                     colocated = change
                     everything = all_cpus if placement.trainer_cpus else None
-                    threads = len(all_cpus) if colocated else placement.trainer_threads
-                    apply_placement(everything if colocated else placement.trainer_cpus, threads)
-                    if lending is not None:  # time-shared: the trainer has every core
-                        lending.active, lending.current = not colocated, threads
+                    apply_placement(
+                        everything if colocated else placement.trainer_cpus,
+                        len(all_cpus) if colocated else placement.trainer_threads,
+                    )
                 row["placement/time_shared"] = float(colocated)
-                if lending is not None:
-                    row["placement/cores_lent"] = lending.take_fraction()
                 if auto.decision:
                     self.summary["placement_auto"] = auto.decision
                 phase = self.phase_ends.get(step)  # e.g. the end of offline pre-training
@@ -578,8 +572,6 @@ class Session:
                 if self.progress:
                     self.progress("rl", step, steps, row)
         finally:
-            if set_hook is not None:
-                set_hook(None)
             pool.stop()
             stream.close()
             apply_placement(all_cpus if placement.trainer_cpus else None, 1)

@@ -291,32 +291,3 @@ def test_a_tied_embedding_sends_a_sparse_gradient_with_the_same_sum(monkeypatch)
     looked_up = batch.input_ids[batch.attention_mask].unique()
     moved = (tied.detach() != before).any(1)
     assert moved.any() and not moved[~torch.isin(torch.arange(len(moved)), looked_up)].any()
-
-
-def test_a_layer_hook_runs_at_each_layer_forward_and_backward_and_leaves_gradients_alone() -> None:
-    from streamrl.engines.layer_hooks import decoder_layers
-    from streamrl.models import load_model_and_tokenizer
-
-    model, _ = load_model_and_tokenizer("tiny-small", seed=0)
-    engine = TrainEngine(model)
-    ids = torch.randint(0, model.config.vocab_size, (2, 7))
-
-    def grads() -> list[torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        model(input_ids=ids).logits.square().mean().backward()
-        return [p.grad.to_dense() for p in model.parameters() if p.grad is not None]
-
-    plain = grads()
-    calls = []
-    engine.set_layer_hook(lambda: calls.append(1))
-    n = len(decoder_layers(model))
-    assert n >= 2
-    with torch.no_grad():
-        model(input_ids=ids)
-    assert len(calls) == n  # forward only: no gradient hooks
-    hooked = grads()
-    assert len(calls) == n + 2 * n
-    assert len(hooked) == len(plain) and all(map(torch.equal, hooked, plain))
-    engine.set_layer_hook(None)
-    model(input_ids=ids)
-    assert len(calls) == 3 * n

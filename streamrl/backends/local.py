@@ -77,10 +77,6 @@ class LocalBackend:
         for engine in self.engines:
             engine.stage_weights(state_dict, version)
 
-    def engines_idle(self) -> bool:
-        """No engine has a request or staged weights (``runtime.lend_idle_cores``)."""
-        return all(getattr(e, "idle", False) for e in self.engines)
-
     def close(self) -> None:
         for w in self.workers:
             w.inbox.put(Stop())

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
-
-import torch
 
 from streamrl.config import Config
 
@@ -80,59 +76,11 @@ def plan_placement(cfg: Config, cpus: list[int] | None = None) -> Placement:
 
 def apply(cpus: tuple[int, ...] | None, threads: int) -> None:
     """Pin this process to ``cpus`` (when given) and set its torch thread count."""
+    import torch
+
     if cpus is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cpus))
     torch.set_num_threads(max(1, threads))
-
-
-class CoreLending:
-    """The trainer's thread takes every core while no rollout engine has work.
-
-    torch's intra-op thread count (OpenMP and MKL) is a setting of each OS thread, so the
-    trainer's thread changes its own without touching the engines' threads. The trainer
-    calls this object at every decoder layer's forward and backward and once per
-    micro-batch (:meth:`TrainEngine.set_layer_hook`): ``total`` threads while ``idle()``,
-    ``share`` otherwise. An engine that gets work mid-update shares its core with one of
-    the trainer's threads for at most one layer.
-
-    At η = 1 the engine is idle once the next batch is generated, until the trainer
-    publishes: then the update is the step's critical path, and every core shortens it.
-    """
-
-    def __init__(self, idle: Callable[[], bool], share: int, total: int) -> None:
-        self.idle, self.share, self.total = idle, share, total
-        self.current = share
-        self.active = True  # False while time-shared (runtime.placement=auto)
-        self.calls = self.lent = 0  # layer calls, and those that ran on every core
-
-    def __call__(self) -> None:
-        if not self.active:
-            return
-        n = self.total if self.idle() else self.share
-        self.calls += 1
-        self.lent += n > self.share
-        if n != self.current:
-            torch.set_num_threads(n)
-            self.current = n
-
-    def take_fraction(self) -> float:
-        """Share of the layer calls since the last call that ran on every core."""
-        fraction = self.lent / self.calls if self.calls else 0.0
-        self.calls = self.lent = 0
-        return fraction
-
-
-def core_lending(cfg: Config, placement: Placement, backend: Any, total: int) -> CoreLending | None:
-    """``runtime.lend_idle_cores`` for this run, or None where it does not apply: a fixed
-    ``runtime.threads``, colocated placement (the trainer has every core already), a
-    backend whose engines are not threads of this process, or nothing to lend."""
-    rt = cfg.runtime
-    idle = getattr(backend, "engines_idle", None)
-    if not rt.lend_idle_cores or rt.threads or placement.colocated or idle is None:
-        return None
-    if total <= placement.trainer_threads:
-        return None
-    return CoreLending(idle, placement.trainer_threads, total)
 
 
 class AutoPlacement:

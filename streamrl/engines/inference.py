@@ -222,12 +222,6 @@ class LocalEngine(WeightStaging):
             self._executor = None
 
     @property
-    def idle(self) -> bool:
-        """No request pending or in flight and no weights staged: the engine computes
-        nothing until it is given work. Read from any thread (a snapshot)."""
-        return not self._has_work() and not self.has_pending_weights
-
-    @property
     def num_active(self) -> int:
         return sum(s is not None for s in self._slots)
 

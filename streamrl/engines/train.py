@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from streamrl.engines.kv_cache import LLAMA_FAMILY
-from streamrl.engines.layer_hooks import install_layer_hook
 from streamrl.engines.optim import Optimized
 from streamrl.engines.packing import pack, packed_hidden
 from streamrl.models.lora import ALL_LINEAR, apply_lora, merged_state_dict
@@ -202,21 +201,6 @@ class TrainEngine(Optimized):
         self.micro_batch_sequences = micro_batch_sequences
         self.value_head: torch.nn.Module | None = None  # a critic on the LM (PPO with GAE)
         self._sparse_embedding = _sparse_tied_embedding(self.model)
-        self._layer_hook: Callable[[], None] | None = None
-        self._hook_handles: list[Any] = []
-
-    def set_layer_hook(self, hook: Callable[[], None] | None) -> None:
-        """Calls ``hook()`` before every decoder layer's forward and backward, each
-        micro-batch and each optimizer step; None removes it. The controller's
-        ``CoreLending`` changes this thread's torch thread count there."""
-        for handle in self._hook_handles:
-            handle.remove()
-        self._layer_hook = hook
-        self._hook_handles = install_layer_hook(self.model, hook) if hook else []
-
-    def _call_layer_hook(self) -> None:
-        if self._layer_hook is not None:
-            self._layer_hook()
 
     def frozen_copy(self) -> torch.nn.Module:
         """A frozen copy of the current policy (adapters merged): e.g. a KL reference."""
@@ -416,7 +400,6 @@ class TrainEngine(Optimized):
             if units == 0:  # no loss tokens: contributes nothing to loss or gradient
                 continue
             mb = _to_device(mb, self.device)
-            self._call_layer_hook()  # models without decoder layers get a call here too
             with torch.enable_grad():
                 outputs = self._forward(
                     self.model,
@@ -435,7 +418,6 @@ class TrainEngine(Optimized):
         tied = self._sparse_embedding
         if tied is not None and tied.grad is not None and tied.grad.is_sparse:
             tied.grad = tied.grad.to_dense()  # no head gradient joined it (see above)
-        self._call_layer_hook()
         grad_norm = self.step_optimizer()
         if grad_norm is None:
             return None
