@@ -13,17 +13,26 @@ addition (``examples/smollm2.yaml``), GRPO with 2 prompts x 8 samples a step, at
   a policy-gradient step on the full forward (on-policy, so the PPO ratio is 1), AdamW,
   repeated until the budget is spent.
 
-Both count only the RL loop against the budget and are scored by the same greedy
-held-out evaluation (``streamrl.eval.evaluate_model`` on ``eval.heldout_size`` items).
-The sides run one after the other in one session; run it with nothing else on the machine.
+- **issue** (``--issue-tree DIR``): streamrl as it was when the performance issue was
+  filed (commit 3724143, checked out in a git worktree at DIR) on the same workload. That
+  code has no wall-clock budget, so it runs ``--issue-steps`` steps; its seconds per step
+  are its RL time over its steps. Its final weights are scored by this checkout's
+  evaluation, like the plain side's.
+
+All sides count only the RL loop and are scored by the same greedy held-out evaluation
+(``streamrl.eval.evaluate_model`` on ``eval.heldout_size`` items). The sides run one
+after the other in one session; run it with nothing else on the machine.
 
     PYTHONPATH=. python benchmarks/bench_rl_step.py --budget 480 --out runs/bench_rl_step
+    git worktree add /tmp/issue13 3724143
+    PYTHONPATH=. python benchmarks/bench_rl_step.py --only issue --issue-tree /tmp/issue13
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,22 +48,30 @@ WORKLOAD = [
 ]
 
 
-def plain_loop(budget: float, heldout: int, seed: int, out: Path) -> dict:
-    """The transformers-only baseline; returns its summary."""
+# The workload in the config keys of the code the issue was filed against (3724143).
+ISSUE_WORKLOAD = [
+    "rollout.group_size=8",
+    "rollout.max_new_tokens=48",
+    "train.batch_size=2",
+    "train.micro_batch_size=8",
+]
+
+
+def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
+    """(model, tokenizer, accuracy): the workload's model (or the one saved at
+    ``name_or_path``) and its greedy held-out accuracy by this checkout's evaluation."""
     import torch
-    from transformers import GenerationConfig
 
     from streamrl.config import load_config
     from streamrl.data import build_task_source
     from streamrl.episodes import build_episode
     from streamrl.eval.evaluate import evaluate_model
-    from streamrl.models import encode_prompt, load_model
+    from streamrl.models import load_model
     from streamrl.rewards import build_reward
 
     cfg = load_config("examples/smollm2.yaml", [*WORKLOAD, f"eval.heldout_size={heldout}"])
-    torch.set_num_threads(2)
     torch.manual_seed(seed)
-    model, tok = load_model(cfg.model.name_or_path)
+    model, tok = load_model(name_or_path or cfg.model.name_or_path)
     reward = build_reward(cfg.reward)
     source = build_task_source(cfg.data.kind, **cfg.data.options)
     episode = build_episode(cfg, tok, reward, max_new_tokens=cfg.eval.max_new_tokens)
@@ -66,6 +83,24 @@ def plain_loop(budget: float, heldout: int, seed: int, out: Path) -> dict:
         )
         return float(res.metrics["accuracy"])
 
+    return model, tok, accuracy
+
+
+def plain_loop(budget: float, heldout: int, seed: int, out: Path) -> dict:
+    """The transformers-only baseline; returns its summary."""
+    import torch
+    from transformers import GenerationConfig
+
+    from streamrl.config import load_config
+    from streamrl.data import build_task_source
+    from streamrl.models import encode_prompt
+    from streamrl.rewards import build_reward
+
+    cfg = load_config("examples/smollm2.yaml", [*WORKLOAD, f"eval.heldout_size={heldout}"])
+    torch.set_num_threads(2)
+    model, tok, accuracy = heldout_scorer(heldout, seed)
+    reward = build_reward(cfg.reward)
+    source = build_task_source(cfg.data.kind, **cfg.data.options)
     before = accuracy()
     stop_ids = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")})
     pad = tok.pad_token_id if tok.pad_token_id is not None else stop_ids[0]
@@ -146,12 +181,39 @@ def streamrl_run(
     }
 
 
+def issue_run(tree: Path, steps: int, heldout: int, seed: int, out: Path) -> dict:
+    """streamrl at the issue's commit, checked out at ``tree``, for ``steps`` RL steps."""
+    name = "issue"
+    cmd = [
+        sys.executable, "-m", "streamrl.cli", "train", "examples/smollm2.yaml", *ISSUE_WORKLOAD,
+        f"train.steps={steps}", f"eval.heldout_size={heldout}", f"seed={seed}",
+        f"run.output_dir={out.resolve()}", f"run.name={name}", "run.progress=false",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+    s = json.loads((out / name / "summary.json").read_text())
+    _, _, accuracy = heldout_scorer(heldout, seed, str(out / name / "model"))
+    return {
+        "steps": s["steps"],
+        "rl_time_s": s["rl_time_s"],
+        "s_per_step": s["rl_time_s"] / s["steps"],
+        "eval_accuracy_before": s["eval_accuracy_before"],
+        "eval_accuracy_after": accuracy(),
+        "eval_accuracy_after_own_evaluation": s["eval_accuracy_after"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=480.0, help="RL wall-clock seconds per side")
     ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=["plain", "streamrl"])
+    ap.add_argument("--only", choices=["plain", "streamrl", "issue"])
+    ap.add_argument(
+        "--issue-tree",
+        type=Path,
+        help="a checkout of commit 3724143 (streamrl when the issue was filed): run it too",
+    )
+    ap.add_argument("--issue-steps", type=int, default=16, help="RL steps of the issue side")
     ap.add_argument(
         "--variant",
         action="append",
@@ -179,6 +241,10 @@ def main() -> None:
             runs.append((f"streamrl {name}", f"streamrl-{name}", sets.split(",")))
         for label, run_name, sets in runs:
             results[label] = streamrl_run(args.budget, args.heldout, args.seed, out, run_name, sets)
+    if args.issue_tree is not None and args.only in (None, "issue"):
+        results["issue (3724143)"] = issue_run(
+            args.issue_tree, args.issue_steps, args.heldout, args.seed, out
+        )
     if args.only in (None, "plain"):
         subprocess.run(
             [sys.executable, __file__, "--plain-inline", "--budget", str(args.budget),
