@@ -12,6 +12,7 @@ from the same weights and run interleaved, ``--repeats`` times each, after one w
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 8 --threads 1
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 48 --variants default foreach-adam
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 24 --variants default dense-embed
+    PYTHONPATH=. python benchmarks/bench_train_step.py --completion 24 --variants compile default
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ VARIANTS = {  # --variants name: (label, TrainEngine arguments)
     "foreach-adam": ("packed, foreach AdamW (before fused)", {"fused": False}),
     "micro16": ("packed, 16 sequences a micro-batch", {"micro_batch_sequences": 16}),
     "dense-embed": ("packed, dense embedding gradient (before sparse)", {}),
+    "compile": ("packed, decoder layers compiled (train.compile)", {"compile_layers": True}),
 }
 
 
@@ -97,6 +99,8 @@ def main() -> None:
         for name, engine in engines.items():
             t0 = time.perf_counter()
             engine.train_batch(batch, loss_fn)
+            if not rep:  # the warm-up: a compiled trainer compiles here
+                print(f"[warm-up] {name}: {time.perf_counter() - t0:.2f} s", flush=True)
             if rep:
                 times[name].append(time.perf_counter() - t0)
                 print(f"[{rep}] {name}: {times[name][-1]:.2f} s", flush=True)

@@ -292,6 +292,13 @@ class TrainConfig(_Section):
     micro_batch_sequences: int = Field(
         64, ge=1, description="Sequences per forward/backward (gradient accumulation unit)."
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile the language model's decoder layers for training "
+        "(dynamic shapes, one graph for every layer). SmolLM2 on one CPU thread: updates "
+        "0.90-0.97x as long, after ~40 s of compiling in the first one, so it pays on long "
+        "runs only (benchmarks/results/rl_step.md).",
+    )
     lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate for RL.")
     lr_schedule: LRSchedule = Field(
         "constant",

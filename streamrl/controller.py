@@ -50,7 +50,7 @@ from streamrl.checkpoint import (
 )
 from streamrl.config import Config
 from streamrl.data.selection import build_selector
-from streamrl.engines.factory import make_train_engine
+from streamrl.engines.factory import is_policy, make_train_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
 from streamrl.eval.evaluate import EvalResult, evaluate_model
@@ -103,6 +103,10 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         device=resolve_device(cfg.runtime.device),
     )
+    if cfg.train.compile:
+        if is_policy(model):
+            raise ValueError("train.compile applies to language models, not environment policies")
+        kwargs["compile_layers"] = True
     if cfg.model.lora_rank > 0:
         return TrainEngine.from_lora(
             model,

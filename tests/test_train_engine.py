@@ -291,3 +291,38 @@ def test_a_tied_embedding_sends_a_sparse_gradient_with_the_same_sum(monkeypatch)
     looked_up = batch.input_ids[batch.attention_mask].unique()
     moved = (tied.detach() != before).any(1)
     assert moved.any() and not moved[~torch.isin(torch.arange(len(moved)), looked_up)].any()
+
+
+@pytest.mark.slow
+def test_compiled_decoder_layers_train_like_eager_ones() -> None:
+    """train.compile: the same losses, gradients and updated weights as the eager trainer
+    (up to float rounding), over two batches of different lengths (dynamic shapes, no
+    recompile per length), with the state dict's names unchanged."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model(vocab_size=4096)  # large enough for the packed, head-on-targets path
+    eager = TrainEngine(copy.deepcopy(model), lr=1e-3, micro_batch_sequences=2)
+    compiled = TrainEngine(copy.deepcopy(model), lr=1e-3, micro_batch_sequences=2, compile_layers=True)  # fmt: skip
+    loss_fn = make_rl_loss_fn("ppo_clip")
+    graphs = []
+    for batch in (make_batch(5, 10, seed=1), make_batch(4, 9, seed=2)):
+        m_eager, m_comp = eager.train_batch(batch, loss_fn), compiled.train_batch(batch, loss_fn)
+        assert m_comp["loss"] == pytest.approx(m_eager["loss"], rel=1e-5, abs=1e-7)
+        assert m_comp["grad_norm"] == pytest.approx(m_eager["grad_norm"], rel=1e-5)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] >= 1 and graphs[1] == graphs[0]  # compiled once, for every length
+    for (name, p_eager), (name_c, p_comp) in zip(
+        eager.model.named_parameters(), compiled.model.named_parameters(), strict=True
+    ):
+        assert name == name_c
+        torch.testing.assert_close(p_comp, p_eager, rtol=0, atol=1e-5)
+    assert list(compiled.state_dict_for_inference()) == list(eager.state_dict_for_inference())
+
+
+def test_compiling_a_model_without_decoder_layers_names_the_key() -> None:
+    from streamrl.engines.train import compile_decoder_layers
+
+    with pytest.raises(ValueError, match="train.compile"):
+        compile_decoder_layers(torch.nn.Linear(2, 2))

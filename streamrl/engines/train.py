@@ -168,6 +168,22 @@ def _sparse_tied_embedding(model: torch.nn.Module) -> torch.nn.Parameter | None:
     return w
 
 
+def compile_decoder_layers(model: torch.nn.Module) -> int:
+    """``torch.compile`` every decoder layer in place (``train.compile``), with dynamic
+    shapes, since packed lengths vary from batch to batch. The layers share one compiled
+    graph, parameter names and the state dict are unchanged, and the first forward and
+    backward pay the compile. Returns how many layers were compiled."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(getattr(base, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(
+            f"train.compile: {type(base).__name__} has no decoder layers at .model.layers"
+        )
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
 class TrainEngine(Optimized):
     """A causal LM and an AdamW over its trainable parameters."""
 
@@ -184,6 +200,7 @@ class TrainEngine(Optimized):
         head_on_targets: bool = True,
         packed: bool = True,
         fused: bool = True,
+        compile_layers: bool = False,
     ) -> None:
         self.head_on_targets = head_on_targets
         self.packed = packed
@@ -201,6 +218,8 @@ class TrainEngine(Optimized):
         self.micro_batch_sequences = micro_batch_sequences
         self.value_head: torch.nn.Module | None = None  # a critic on the LM (PPO with GAE)
         self._sparse_embedding = _sparse_tied_embedding(self.model)
+        if compile_layers:
+            compile_decoder_layers(self.model)
 
     def frozen_copy(self) -> torch.nn.Module:
         """A frozen copy of the current policy (adapters merged): e.g. a KL reference."""

@@ -75,6 +75,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
         weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.max_grad_norm,
         micro_batch_sequences=cfg.train.micro_batch_sequences,
+        compile_layers=cfg.train.compile,
     )
     # The episode turns an item into one scored trajectory (prompt tokens masked);
     # the algorithm owns advantages, extra forwards and the loss.
