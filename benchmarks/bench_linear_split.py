@@ -3,7 +3,7 @@
 FBGEMM's fp16-weight kernel (``rollout.engine_weights=float16``) runs on one thread. A
 decode step reads its weights, so a second core helps only if each core reads a part of
 every layer's weight: split every linear layer's output rows in two, and run the second
-half on another thread. That adds a hand-off per layer (121 a SmolLM2 decode step).
+half on another thread. That adds a hand-off per layer (132 a SmolLM2 decode step, the vocabulary head in 12 blocks).
 
 This times, over the linear layers of one SmolLM2 decode step at M rows (random weights
 of the engine's shapes, from ``bench_linear_rows.py``), interleaved:

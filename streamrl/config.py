@@ -296,8 +296,8 @@ class TrainConfig(_Section):
         False,
         description="torch.compile the language model's decoder layers for training "
         "(dynamic shapes, one graph for every layer). SmolLM2 on one CPU thread: updates "
-        "0.90-0.97x as long, after ~40 s of compiling in the first one, so it pays on long "
-        "runs only (benchmarks/results/rl_step.md).",
+        "0.90-1.03x as long (0.95x per token in RL), after ~40 s of compiling in the first "
+        "one, so it pays on long runs only (benchmarks/results/rl_step.md).",
     )
     lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate for RL.")
     lr_schedule: LRSchedule = Field(

@@ -137,6 +137,16 @@ def check_engine_weights(cfg: Config) -> None:
         )
 
 
+def check_train_compile(cfg: Config) -> None:
+    """train.compile compiles a language model's decoder layers."""
+    if cfg.train.compile and (
+        cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS
+    ):
+        raise PreflightError(
+            "train.compile applies to language models' decoder layers, not environment policies"
+        )
+
+
 def check_domains(cfg: Config, source: TaskSource) -> None:
     """A mixture's per-source correct rewards are reward components, and a component's
     ``domains`` are the mixture's source names."""
@@ -239,6 +249,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_gpus(cfg)  # first: a ray/cuda mismatch is the config's fault on any machine
     check_device(cfg.runtime.device)
     check_engine_weights(cfg)
+    check_train_compile(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "

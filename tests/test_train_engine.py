@@ -326,3 +326,13 @@ def test_compiling_a_model_without_decoder_layers_names_the_key() -> None:
 
     with pytest.raises(ValueError, match="train.compile"):
         compile_decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_preflight_refuses_train_compile_for_an_environment_policy() -> None:
+    from streamrl.config import load_config
+    from streamrl.preflight import PreflightError, check_train_compile
+
+    check_train_compile(load_config(None, ["train.compile=true"]))  # a language model: fine
+    cfg = load_config("examples/cartpole.yaml", ["train.compile=true"])
+    with pytest.raises(PreflightError, match="train.compile applies to language models"):
+        check_train_compile(cfg)
