@@ -19,7 +19,15 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 
 
 @pytest.fixture(scope="module")
-def doc() -> dict:
+def doc():
+    """The examples' namespace; what they register (an algorithm, an episode, a task
+    source) is unregistered afterwards, so later tests see the built-in kinds only."""
+    from streamrl.algorithms import base as algorithms
+    from streamrl.data import _KINDS
+    from streamrl.episodes import base as episodes
+
+    registries = [algorithms._ALGORITHMS, episodes._EPISODES, _KINDS]
+    saved = [dict(r) for r in registries]
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     namespace: dict = {}
     for block in blocks:
@@ -27,7 +35,10 @@ def doc() -> dict:
             code = [line for line in block.splitlines() if line.strip()]
             assert len(code) <= 30, f"examples stay within 30 lines:\n{block}"
             exec(compile(block, str(DOC), "exec"), namespace)
-    return namespace
+    yield namespace
+    for registry, before in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(before)
 
 
 def _cfg(tmp_path: Path, *extra: str):
