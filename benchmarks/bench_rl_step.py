@@ -58,8 +58,9 @@ ISSUE_WORKLOAD = [
 
 
 def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
-    """(model, tokenizer, accuracy): the workload's model (or the one saved at
-    ``name_or_path``) and its greedy held-out accuracy by this checkout's evaluation."""
+    """(cfg, model, tokenizer, reward, source, accuracy): the workload, its model (or the
+    one saved at ``name_or_path``) and its greedy held-out accuracy by this checkout's
+    evaluation."""
     import torch
 
     from streamrl.config import load_config
@@ -83,7 +84,7 @@ def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
         )
         return float(res.metrics["accuracy"])
 
-    return model, tok, accuracy
+    return cfg, model, tok, reward, source, accuracy
 
 
 def plain_loop(budget: float, heldout: int, seed: int, out: Path) -> dict:
@@ -91,16 +92,10 @@ def plain_loop(budget: float, heldout: int, seed: int, out: Path) -> dict:
     import torch
     from transformers import GenerationConfig
 
-    from streamrl.config import load_config
-    from streamrl.data import build_task_source
     from streamrl.models import encode_prompt
-    from streamrl.rewards import build_reward
 
-    cfg = load_config("examples/smollm2.yaml", [*WORKLOAD, f"eval.heldout_size={heldout}"])
     torch.set_num_threads(2)
-    model, tok, accuracy = heldout_scorer(heldout, seed)
-    reward = build_reward(cfg.reward)
-    source = build_task_source(cfg.data.kind, **cfg.data.options)
+    cfg, model, tok, reward, source, accuracy = heldout_scorer(heldout, seed)
     before = accuracy()
     stop_ids = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")})
     pad = tok.pad_token_id if tok.pad_token_id is not None else stop_ids[0]
@@ -191,7 +186,7 @@ def issue_run(tree: Path, steps: int, heldout: int, seed: int, out: Path) -> dic
     ]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
     s = json.loads((out / name / "summary.json").read_text())
-    _, _, accuracy = heldout_scorer(heldout, seed, str(out / name / "model"))
+    *_, accuracy = heldout_scorer(heldout, seed, str(out / name / "model"))
     return {
         "steps": s["steps"],
         "rl_time_s": s["rl_time_s"],
