@@ -166,7 +166,12 @@ def streamrl_run(
         "run.progress=false", *extra,
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
-    s = json.loads((out / name / "summary.json").read_text())
+    return run_summary(out / name)
+
+
+def run_summary(run_dir: Path) -> dict:
+    """Steps, RL time and held-out accuracy from a streamrl run's summary.json."""
+    s = json.loads((run_dir / "summary.json").read_text())
     return {
         "steps": s["steps"],
         "rl_time_s": s["rl_time_s"],
@@ -185,16 +190,11 @@ def issue_run(tree: Path, steps: int, heldout: int, seed: int, out: Path) -> dic
         f"run.output_dir={out.resolve()}", f"run.name={name}", "run.progress=false",
     ]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
-    s = json.loads((out / name / "summary.json").read_text())
+    summary = run_summary(out / name)
     *_, accuracy = heldout_scorer(heldout, seed, str(out / name / "model"))
-    return {
-        "steps": s["steps"],
-        "rl_time_s": s["rl_time_s"],
-        "s_per_step": s["rl_time_s"] / s["steps"],
-        "eval_accuracy_before": s["eval_accuracy_before"],
-        "eval_accuracy_after": accuracy(),
-        "eval_accuracy_after_own_evaluation": s["eval_accuracy_after"],
-    }
+    summary["eval_accuracy_after_own_evaluation"] = summary["eval_accuracy_after"]
+    summary["eval_accuracy_after"] = accuracy()
+    return summary
 
 
 def main() -> None:
