@@ -102,6 +102,7 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
         max_grad_norm=cfg.train.max_grad_norm,
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         device=resolve_device(cfg.runtime.device),
+        keep_freed_memory=cfg.runtime.keep_freed_memory,
     )
     if cfg.train.compile:
         if is_policy(model):

@@ -201,6 +201,7 @@ class TrainEngine(Optimized):
         packed: bool = True,
         fused: bool = True,
         compile_layers: bool = False,
+        keep_freed_memory: bool = True,
     ) -> None:
         self.head_on_targets = head_on_targets
         self.packed = packed
@@ -214,6 +215,7 @@ class TrainEngine(Optimized):
             max_grad_norm=max_grad_norm,
             device=device,
             fused=fused,
+            keep_freed_memory=keep_freed_memory,
         )
         self.micro_batch_sequences = micro_batch_sequences
         self.value_head: torch.nn.Module | None = None  # a critic on the LM (PPO with GAE)

@@ -76,6 +76,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
         max_grad_norm=cfg.train.max_grad_norm,
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         compile_layers=cfg.train.compile,
+        keep_freed_memory=cfg.runtime.keep_freed_memory,
     )
     # The episode turns an item into one scored trajectory (prompt tokens masked);
     # the algorithm owns advantages, extra forwards and the loss.
