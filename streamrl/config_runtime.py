@@ -43,8 +43,9 @@ class RuntimeConfig(_Section):
     keep_freed_memory: bool = Field(
         True,
         description="On the CPU with glibc: freed memory stays in the trainer's process for "
-        "the next update instead of going back to the kernel (~15% of a SmolLM2 update was "
-        "page faults). false: glibc's defaults.",
+        "the next update instead of going back to the kernel, so updates stop faulting "
+        "their working set in again (an isolated SmolLM2 update: 0.80x as long). "
+        "false: glibc's defaults.",
     )
     device: str = Field("cpu", description="'cpu', 'cuda' or 'auto'.")
     num_gpus: float = Field(
