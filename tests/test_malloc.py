@@ -4,6 +4,7 @@ it in again; the user's own GLIBC_TUNABLES win; runtime.keep_freed_memory turns 
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ glibc_only = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc malloc"
 )
 
-# Page faults in each of four GRPO updates of a small Llama, in a fresh process. Its
+# Page faults in each of eight GRPO updates of a small Llama, in a fresh process. Its
 # largest block (the logits, 16 x 56 x 4096 floats = 14.7 MiB) is below glibc's 32 MiB
 # ceiling for its mmap threshold, so a process that keeps freed memory needs no new pages
 # once its heap has grown to the working set.
@@ -45,7 +46,7 @@ batch = Batch(
 )
 loss_fn = make_rl_loss_fn("ppo_clip")
 faults = []
-for _ in range(4):
+for _ in range(8):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     engine.train_batch(batch, loss_fn)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -73,9 +74,11 @@ def test_updates_reuse_freed_memory_instead_of_faulting_it_in_again() -> None:
     # the first update faults in the working set either way
     assert keep[0] > 10_000 and default[0] > 10_000
     # glibc's defaults give the heap's top back and mmap large blocks afresh: every
-    # update faults again; kept memory serves the later updates (measured: 0-645 pages
-    # against 14,000-53,000 for the defaults, 4 KiB each)
-    assert max(keep[2:]) * 10 < max(default[2:]), (keep, default)
+    # update faults again; kept memory serves the later updates. A single update can
+    # still grow a fragmented heap by a few MiB (seen: up to 3,329 pages once), and a
+    # default-malloc update can get lucky (seen: 6,497 once), so compare the typical
+    # update from the third on: measured 0-2 pages kept against 19,000-30,000 default.
+    assert statistics.median(keep[2:]) * 10 < statistics.median(default[2:]), (keep, default)
 
 
 @glibc_only
