@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 # sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
+from streamrl.config_rollout import AgentConfig, RolloutConfig
 from streamrl.config_runtime import RuntimeConfig
 from streamrl.config_selection import SelectionConfig
 from streamrl.config_stages import ALoLConfig, DPOConfig, LRSchedule, SFTConfig, _Section
@@ -101,82 +102,6 @@ class RewardConfig(_Section):
         description="isolation=process: how much address space a reward worker may grow "
         "beyond its size at start-up (a reward that leaks past it fails, and its worker is "
         "replaced); None = no limit.",
-    )
-
-
-class RolloutConfig(_Section):
-    episode: str = Field(
-        "single_turn",
-        description="Registered episode kind: how one item is rolled out "
-        "(training and evaluation alike).",
-    )
-    group_size: int = Field(8, ge=1, description="Completions sampled per prompt (GRPO group).")
-    max_new_tokens: int = Field(
-        5,
-        ge=1,
-        description="Generation budget per completion (an item's "
-        "metadata.max_new_tokens overrides it, in training and evaluation alike).",
-    )
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k filter (0 = off).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings.")
-    ignore_eos: bool = Field(
-        False, description="Do not stop at the EOS token (benchmarks: exact answer lengths)."
-    )
-    decode_slots: int = Field(
-        64, ge=1, description="Sequences the inference engine decodes at once (its KV-cache slots)."
-    )
-    engine_weights: Literal["float32", "float16"] = Field(
-        "float32",
-        description="Rollout engine weights. 'float16': linear layers read packed fp16 weights "
-        "(FBGEMM, fp32 math; CPU, fp32 models): SmolLM2 decode steps ~1.4x faster. "
-        "The trainer and evaluation stay fp32; the gap shows in mismatch/* "
-        "(see algorithm.is_correction).",
-    )
-    max_consecutive_failures: int = Field(
-        100,
-        ge=0,
-        description="Stop the run with an error quoting the first failure after this "
-        "many items in a row failed (a reward or episode that always raises); 0 = never.",
-    )
-    partial_rollouts: bool = Field(
-        True,
-        description="Colocated placement: once a batch is full, pause unfinished sequences and "
-        "continue them after the weight update (tokens keep their versions). False: wait "
-        "until every admitted item has finished before training (nothing is carried over).",
-    )
-
-
-class AgentConfig(_Section):
-    """Multi-turn, tool-using episodes (``rollout.episode: agent``)."""
-
-    tools: list[str] = Field(
-        default_factory=list,
-        description="Built-in tools the model may call: calculator, python (runs in the "
-        "sandbox), search (BM25 over a local corpus), final_answer.",
-    )
-    tool_options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict,
-        description="Options per tool, e.g. {search: {corpus: docs.jsonl}, python: {timeout_s: 5}}.",
-    )
-    tool_parser: str = Field(
-        "hermes",
-        description="Tool-call format: 'hermes' (<tool_call>{json}</tool_call>, SmolLM2 and Qwen) "
-        "or 'pythonic' ([calculator(expression=\"1+2\")], short enough for tiny models).",
-    )
-    max_turns: int = Field(4, ge=1, description="Model turns per episode.")
-    max_total_tokens: int = Field(
-        512, ge=1, description="Budget of generated plus observation tokens per episode."
-    )
-    tool_timeout_s: float = Field(10.0, gt=0, description="A tool call running longer fails.")
-    system_prompt: str | None = Field(
-        None, description="A system message put before each item's messages."
-    )
-    tools_in_prompt: Literal["auto", "never"] = Field(
-        "auto",
-        description="'auto': when the chat template ignores tools= (SmolLM2's does), describe "
-        "the tools in a system message; 'never': do not (tiny models trained on traces).",
     )
 
 

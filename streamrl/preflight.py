@@ -147,6 +147,22 @@ def check_train_compile(cfg: Config) -> None:
         )
 
 
+def check_engine_compile(cfg: Config) -> None:
+    """rollout.compile compiles a CPU language-model engine's decode steps."""
+    if not cfg.rollout.compile:
+        return
+    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+        raise PreflightError(
+            "rollout.compile applies to language-model engines, not environment policies"
+        )
+    device = cfg.runtime.device
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        raise PreflightError(
+            f"rollout.compile is built and measured for the CPU engine, but runtime.device="
+            f"{device} runs on a GPU; set rollout.compile=false"
+        )
+
+
 def check_domains(cfg: Config, source: TaskSource) -> None:
     """A mixture's per-source correct rewards are reward components, and a component's
     ``domains`` are the mixture's source names."""
@@ -250,6 +266,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_device(cfg.runtime.device)
     check_engine_weights(cfg)
     check_train_compile(cfg)
+    check_engine_compile(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "

@@ -22,6 +22,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "streamrl.config_stages",
             "streamrl.config_runtime",
             "streamrl.config_selection",
+            "streamrl.config_rollout",
             "streamrl.types",
             "streamrl.messages",
             "streamrl.timing",

@@ -51,17 +51,11 @@ def make_backend(
     n = cfg.runtime.num_rollout_workers
     if cfg.runtime.backend == "local":
         from streamrl.backends.local import LocalBackend
-        from streamrl.engines.factory import make_inference_engine
+        from streamrl.engines.factory import engine_options, make_inference_engine
 
         def make(w: int, emit):
             model = engine_model if w == 0 else copy.deepcopy(engine_model)
-            engine = make_inference_engine(
-                model,
-                tokenizer,
-                decode_slots=cfg.rollout.decode_slots,
-                device=device,
-                weights=cfg.rollout.engine_weights,
-            )
+            engine = make_inference_engine(model, tokenizer, device=device, **engine_options(cfg))
             engine.update_weights(weights, version)
             return engine, make_worker(cfg, engine, tokenizer, emit)
 

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from streamrl.algorithms import build_algorithm
 from streamrl.config import Config
 from streamrl.data.selection_likelihood import build_gate
+from streamrl.engines.factory import engine_options
 from streamrl.engines.inference import LocalEngine
 from streamrl.episodes import build_episode, sampling_params
 from streamrl.models.loading import resolve_dtype
@@ -58,11 +59,6 @@ class WorkerSpec:
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_config(self.model_config, dtype=dtype)
         engine = LocalEngine(
-            model,
-            self.tokenizer,
-            decode_slots=self.cfg.rollout.decode_slots,
-            device=self.device,
-            version=-1,
-            weights=self.cfg.rollout.engine_weights,
+            model, self.tokenizer, device=self.device, version=-1, **engine_options(self.cfg)
         )
         return engine, make_worker(self.cfg, engine, self.tokenizer, emit)

@@ -41,6 +41,7 @@ import torch
 from streamrl.algorithms import Filtered, build_algorithm
 from streamrl.backends.books import PoolBooks
 from streamrl.endpoint.openai_format import EndpointError
+from streamrl.engines.factory import engine_options
 from streamrl.engines.inference import LocalEngine
 from streamrl.episodes import trajectory_from_result
 from streamrl.messages import GroupDone, GroupRejected
@@ -76,11 +77,7 @@ class EndpointPool(PoolBooks):
         self.cfg, self.tokenizer, self.stream, self.run_dir = cfg, tokenizer, stream, run_dir
         self.log = logger or logging.getLogger("streamrl.endpoint")
         self.engine = engine or LocalEngine(
-            engine_model,
-            tokenizer,
-            decode_slots=cfg.rollout.decode_slots,
-            device=device,
-            weights=cfg.rollout.engine_weights,
+            engine_model, tokenizer, device=device, **engine_options(cfg)
         )
         self.engine.update_weights(weights, version)
         self.algorithm = build_algorithm(cfg)

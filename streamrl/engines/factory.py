@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from streamrl.config import Config
     from streamrl.engines.quantize import EngineWeights
 
 
@@ -25,6 +26,7 @@ def make_inference_engine(
     decode_slots: int = 64,
     version: int = 0,
     weights: EngineWeights = "float32",
+    compile_decode: bool = False,
 ) -> Any:
     if is_policy(model):
         from streamrl.engines.policy import PolicyEngine
@@ -39,7 +41,19 @@ def make_inference_engine(
         device=device,
         version=version,
         weights=weights,
+        compile_decode=compile_decode,
     )
+
+
+def engine_options(cfg: Config) -> dict[str, Any]:
+    """The rollout engine's settings from ``cfg.rollout``, for every place that builds
+    one (backends, workers, endpoint, recipes), so they all build the same engine."""
+    r = cfg.rollout
+    return {
+        "decode_slots": r.decode_slots,
+        "weights": r.engine_weights,
+        "compile_decode": r.compile,
+    }
 
 
 def make_train_engine(model: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -> Any:

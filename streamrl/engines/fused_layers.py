@@ -35,10 +35,16 @@ from torch import nn
 from streamrl.engines.quantize import PackedLinear, loaded_by, pack_many
 
 
-def _concat(linears: list[nn.Module]) -> nn.Linear:
-    """One fp32 linear layer whose output is the concatenation of ``linears``' outputs."""
+def _concat(linears: list[nn.Module], into: nn.Linear | None = None) -> nn.Linear:
+    """One fp32 linear layer whose output is the concatenation of ``linears``' outputs
+    (the weights of ``into`` are replaced when given: the same module and parameters)."""
     w = torch.cat([m.weight.detach() for m in linears])
     biases = [m.bias for m in linears]
+    if into is not None:
+        into.weight.data = w
+        if into.bias is not None:
+            into.bias.data = torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
+        return into
     # built on the meta device: a real nn.Linear would first fill a random init (slow)
     fused = nn.Linear(w.shape[1], w.shape[0], bias=biases[0] is not None, device="meta")
     fused.weight = nn.Parameter(w, requires_grad=False)
@@ -120,8 +126,10 @@ class FusedDecoder:
                                  (self.gate_up, [m.gate_proj, m.up_proj])):  # fmt: skip
                 if any(touched(part) for part in parts):
                     jobs.append((fused, i, parts))
-        # the concatenations are memory-bound: on threads they were no faster
-        built = [_concat(parts) for _, _, parts in jobs]
+        # the concatenations are memory-bound: on threads they were no faster. A layer
+        # built before gets its new weights in the same module, which a compiled decode
+        # step (rollout.compile) keeps calling
+        built = [_concat(parts, into=fused[i]) for fused, i, parts in jobs]
         if self.packed:
             pack_many(built, executor)
             for layer in built:

@@ -98,6 +98,10 @@ class LocalEngine(WeightStaging):
                     None (default): fused on the CPU, where it was measured to pay; on
                     other devices the fused copies (+50% of the layer weights in fp32)
                     are unmeasured, so they are off unless asked for.
+    compile_decode: ``torch.compile`` the fused decoder for steps that only decode
+                    (``rollout.compile``); steps that prefill stay eager. It needs the
+                    fused layers, and pays where a step is bound by per-op overhead
+                    (small models; see ``benchmarks/results/engine.md``).
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class LocalEngine(WeightStaging):
         version: int = 0,
         weights: EngineWeights = "float32",
         fuse_layers: bool | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if decode_slots < 1:
             raise ValueError(f"decode_slots must be >= 1, got {decode_slots}")
@@ -127,6 +132,16 @@ class LocalEngine(WeightStaging):
         if fuse_layers is None:
             fuse_layers = self.device.type == "cpu"
         fuse = self.fast_path and fuse_layers and supports_fused(model)
+        if compile_decode and self.device.type != "cpu":
+            raise ValueError(
+                f"compile_decode is built and measured for the CPU engine, not {self.device}"
+            )
+        if compile_decode and not fuse:
+            raise ValueError(
+                f"compile_decode needs the engine's fused Llama-family decoder layers; "
+                f"{type(model).__name__} runs "
+                + ("its own layer modules" if self.fast_path else "the per-slot fallback")
+            )
         # FBGEMM's fp16 packing runs on every core this process may use (weight updates
         # re-pack every layer: ~1.4 s for SmolLM2 on one core)
         n = pack_threads() if weights != "float32" else 1
@@ -135,8 +150,9 @@ class LocalEngine(WeightStaging):
         self.packed = pack_linears(model, weights, skip, self._packer) > 0
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
-                model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed
-            )
+                model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed,
+                compile_decode=compile_decode,
+            )  # fmt: skip
         else:
             self.runner = HFCacheRunner(model, decode_slots, self.max_seq_len)
         # hook called at every step boundary (tests, metrics); may call update_weights

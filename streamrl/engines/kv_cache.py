@@ -31,8 +31,10 @@ Two runners share one interface (``step``, ``weights_loaded``, ``release``):
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterable
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,6 +265,7 @@ class LlamaSlotRunner:
         max_seq_len: int,
         fuse: bool = False,
         packed: bool = False,
+        compile_decode: bool = False,
     ) -> None:
         _set_attn_impl(model, ATTN_IMPL)
         inner, cfg = model.model, model.config
@@ -286,6 +289,29 @@ class LlamaSlotRunner:
         self.kv_heads, self.heads = kv_heads, torch.arange(kv_heads, device=self.device)
         self.base = [self._IDLE] * num_slots
         self.steps = 0
+        # the backend choice matters on CUDA only (see ENGINE_SDPA_BACKENDS); entering it
+        # costs ~30 us a step, which a small model's CPU step notices
+        cuda = self.device.type == "cuda"
+        self._sdpa = (lambda: sdpa_kernel(ENGINE_SDPA_BACKENDS)) if cuda else nullcontext
+        self.compiled = None
+        if compile_decode:
+            if self.fused is None:
+                raise ValueError("compile_decode needs the fused decoder layers (fuse=True)")
+            # A step that only decodes runs every slot (idle ones too) over the whole cache
+            # capacity through a compiled graph, so its shapes are static: one graph per
+            # capacity, which doubles, so a handful per engine. The guards kept are the
+            # input tensors' (which capacity) and torch's global state; the others are
+            # invariants of this runner: the same modules (weights are updated in place),
+            # the same step plan (decode rows 0..S-1, no prefill). Python-side guards on
+            # all of that took 0.2-0.3 ms a step. The graphs are this runner's own (its
+            # own code object), so another engine in the process never runs them.
+            # cpp_wrapper: the kernels are called from C++, not from a Python wrapper.
+            self.compiled = torch.compile(
+                _own_code(self._logits),
+                dynamic=False,
+                fullgraph=True,
+                options={"cpp_wrapper": True, "guard_filter_fn": _guards_kept},
+            )
 
     def _ensure_capacity(self, length: int) -> None:
         old = self.cache.capacity
@@ -313,37 +339,55 @@ class LlamaSlotRunner:
         returns:      (len(decode_slots) + len(prefills), V) float32 next-token logits,
                       decode rows first, then one row per prompt (its last position)
         """
-        n = decode_slots[-1] + 1 if decode_slots else 0
-        ids, pos, last = self._layout(n, tokens, prefills)
-        h = self.embed(ids)  # (1, T, E)
-        pe = self.rotary(h, pos)  # (cos, sin), each (1, T, D), shared by all layers
-        with sdpa_kernel(ENGINE_SDPA_BACKENDS):
-            if self.fused is not None:
-                cos, sin = self.fused.rope_tables(*pe)
-                h = self.fused.forward(h[0], cos, sin, self.cache.attend)[None]
-            else:  # the model's own layer modules
-                for layer in self.layers:
-                    h = layer(
-                        h,
-                        attention_mask=None,
-                        position_ids=pos,
-                        position_embeddings=pe,
-                        slot_cache=self.cache,
-                    )
-                    if isinstance(h, tuple):  # older transformers return (hidden, ...)
-                        h = h[0]
-        out_rows = torch.tensor(decode_slots + last, device=self.device)
-        logits = self.lm_head(self.norm(h[0, out_rows])).float()  # head only on sampled rows
+        compiled = self.compiled is not None and bool(decode_slots) and not prefills
+        # a compiled step decodes every slot: its graph has a fixed number of rows
+        n = self.cache.num_slots if compiled else decode_slots[-1] + 1 if decode_slots else 0
+        ids, pos, last = self._layout(n, tokens, prefills, whole_cache=compiled)
+        rows = decode_slots + last
+        with self._sdpa():
+            if compiled:  # every row's logits, then the sampled rows'
+                logits = self.compiled(ids, pos)
+                if len(rows) < n:
+                    logits = logits[torch.tensor(rows, device=self.device)]
+            else:  # the head on the sampled rows only
+                logits = self._logits(ids, pos, torch.tensor(rows, device=self.device))
         self._advance(n, prefills)
         return logits
 
+    def _logits(
+        self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """float32 next-token logits (len(rows), V) of the flat tokens' ``rows`` (all: None)."""
+        h = self._hidden(ids, pos)
+        return self.lm_head(self.norm(h if rows is None else h[rows])).float()
+
+    def _hidden(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The decoder over the step's flat tokens: ids, pos (1, T) -> (T, E), before the
+        final norm (the cache's step plan is already set)."""
+        h = self.embed(ids)  # (1, T, E)
+        pe = self.rotary(h, pos)  # (cos, sin), each (1, T, D), shared by all layers
+        if self.fused is not None:
+            cos, sin = self.fused.rope_tables(*pe)
+            return self.fused.forward(h[0], cos, sin, self.cache.attend)
+        for layer in self.layers:  # the model's own layer modules
+            h = layer(
+                h, attention_mask=None, position_ids=pos, position_embeddings=pe,
+                slot_cache=self.cache,
+            )  # fmt: skip
+            if isinstance(h, tuple):  # older transformers return (hidden, ...)
+                h = h[0]
+        return h[0]
+
     def _layout(
-        self, n: int, tokens: torch.Tensor, prefills: list[Prefill]
+        self, n: int, tokens: torch.Tensor, prefills: list[Prefill], whole_cache: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Sets the cache's step plan; returns flat ids (1, T), positions (1, T) and
-        the flat index of each prompt's last computed token."""
+        the flat index of each prompt's last computed token. Decode rows attend over the
+        longest active length, or with ``whole_cache`` over the cache's whole capacity
+        (a compiled step: then the key window is the buffers' own size, not a second one)."""
         kv_len = max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
         self._ensure_capacity(max([kv_len] + [len(f.prompt) + 1 for f in prefills]))
+        kv_len = self.cache.capacity if whole_cache else kv_len
         c = self.cache
         c.n, c.prefills, c.prefix_masks = n, [], []
         ids, pos = [], []
@@ -411,6 +455,32 @@ class LlamaSlotRunner:
         self.base[slot] = self._IDLE
         self.mask[slot] = self.neg
         self.mask[slot, ..., 0] = 0.0
+
+
+# torch state a compiled step is only valid under (cheap guards, kept)
+_STATE_GUARDS = {
+    "GLOBAL_STATE", "GRAD_MODE", "DEFAULT_DEVICE", "DETERMINISTIC_ALGORITHMS",
+    "TORCH_FUNCTION_STATE", "AUTOGRAD_SAVED_TENSORS_HOOKS",
+}  # fmt: skip
+
+
+def _guards_kept(entries: list[Any]) -> list[bool]:
+    """A compiled decode step's guards: its input tensors' (not the parameters') and
+    torch's global state (``guard_filter_fn``)."""
+    return [
+        (e.guard_type == "TENSOR_MATCH" and not isinstance(e.value, nn.Parameter))
+        or e.guard_type in _STATE_GUARDS
+        for e in entries
+    ]
+
+
+def _own_code(method: Any) -> Any:
+    """``method`` with a copy of its code object: torch.compile keeps its graphs (and
+    counts recompiles) per code object, so this gives the bound object its own."""
+    fn = method.__func__
+    code = fn.__code__.replace()
+    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.MethodType(fresh, method.__self__)
 
 
 class HFCacheRunner:

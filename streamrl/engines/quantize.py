@@ -21,8 +21,10 @@ embeddings work unchanged, and :func:`repack` re-packs them after every update.
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Literal
@@ -47,15 +49,41 @@ class PackedLinear(nn.Linear):
     """
 
     _packed: list[object]
+    _key: int  # in _LAYERS, for packed_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)  # packed weights have no gradient
         shape = x.shape  # fp32, as pack_linears checked: FBGEMM wants a contiguous 2-D input
         flat = x.reshape(-1, shape[-1]).contiguous()
-        parts = [torch.ops.quantized.linear_dynamic_fp16(flat, p) for p in self._packed]
-        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        if torch.compiler.is_compiling():  # the packed weights are opaque to the compiler
+            y = torch.ops.streamrl.packed_linear(flat, self._key, self.out_features)
+        else:
+            y = self.run_packed(flat)
         return y.reshape(*shape[:-1], y.shape[-1])
+
+    def run_packed(self, flat: torch.Tensor) -> torch.Tensor:
+        parts = [torch.ops.quantized.linear_dynamic_fp16(flat, p) for p in self._packed]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+# Packed layers by key: a compiled decode step (rollout.compile) calls packed_linear with
+# a layer's key, an int it can keep in its graph; the layer's packed weights are looked up
+# at every call, so re-packing after a weight update needs no recompile.
+_LAYERS: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+
+
+@torch.library.custom_op("streamrl::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    """x (N, in) fp32, contiguous -> (N, out_features) through layer ``key``'s packed
+    fp16 weights."""
+    return _LAYERS[key].run_packed(x)
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out_features))
 
 
 def pack_linears(
@@ -101,6 +129,11 @@ def pack_many(modules: Sequence[nn.Linear], executor: Executor | None = None) ->
     (on ``executor``'s threads when given, see :func:`pack_all`)."""
     for module in modules:
         module.__class__ = PackedLinear
+        if _LAYERS.get(getattr(module, "_key", -1)) is not module:  # new, or a deep copy
+            # keys count up in packing order: an engine built the same way in another
+            # process gets the same keys, so its compiled graph hits inductor's cache
+            module._key = next(_KEYS)  # type: ignore[union-attr]
+            _LAYERS[module._key] = module  # type: ignore[union-attr, assignment]
     pack_all(modules, executor)  # type: ignore[arg-type]
 
 
