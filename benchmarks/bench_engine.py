@@ -202,6 +202,12 @@ def main() -> None:
         help="also time each engine variant with sdpa for decode attention instead of the "
         "CPU default, batched matmuls (SlotKVCache.decode_bmm = False)",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time each engine variant with its decode steps compiled "
+        "(LocalEngine(compile_decode=True), rollout.compile); the warm-up pays the compile",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -216,6 +222,7 @@ def main() -> None:
     variants = [(w, True, "") for w in args.engine_weights]
     variants += [(w, False, " unfused") for w in args.engine_weights] if args.unfused else []
     variants += [(w, True, " sdpa") for w in args.engine_weights] if args.sdpa_decode else []
+    variants += [(w, True, " compiled") for w in args.engine_weights] if args.compile else []
     engines = {
         w + tag: LocalEngine(
             model if (w, tag) == ("float32", "") else copy.deepcopy(model),
@@ -224,6 +231,7 @@ def main() -> None:
             device=args.device,
             weights=w,
             fuse_layers=fuse,
+            compile_decode=tag == " compiled",
         )
         for w, fuse, tag in variants
     }
@@ -235,10 +243,14 @@ def main() -> None:
     rows = []
     for wl in workloads:
         stop_ids = eos_ids if wl == "eos" else []
-        # warm-up: one short batch through each path
+        # warm-up: one short batch through each path; a compiled engine runs the full
+        # length, so its compiles (the first shapes, then dynamic ones) are all done here
         run_hf(model, prompts[: args.batch], stop_ids, args.batch, 8, 0)
-        for engine in engines.values():
-            run_engine(engine, prompts[: args.batch], stop_ids, 8, 10_000)
+        for name, engine in engines.items():
+            warm = args.max_new_tokens if name.endswith(" compiled") else 8
+            t_warm = time.perf_counter()
+            run_engine(engine, prompts[: args.batch], stop_ids, warm, 10_000)
+            print(f"[{wl}] warm-up of engine[{name}]: {time.perf_counter() - t_warm:.1f}s")
         hf: list[tuple[int, float, float]] = []
         ours: dict[str, list[tuple[int, float, float]]] = {w: [] for w in engines}
         for r in range(args.repeats):  # interleaved, so load drift hits every side alike
