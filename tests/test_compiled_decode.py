@@ -71,6 +71,39 @@ def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> No
 
 
 @pytest.mark.slow
+def test_the_graphs_draw_matches_the_eager_one_for_every_kind_of_row() -> None:
+    """A compiled step draws raw and greedy rows inside its graph; a step with a tempered,
+    top-k or forced row samples again from the graph's logits. Either way the tokens and
+    log-probs are the eager engine's. fp32 weights: the draw is compared, not the packing."""
+    model = tiny_llama()
+    eager = LocalEngine(copy.deepcopy(model), decode_slots=3)
+    compiled = LocalEngine(copy.deepcopy(model), decode_slots=3, compile_decode=True)
+    graph, calls = compiled.runner.compiled, []
+    compiled.runner.compiled = lambda *a: calls.append(1) or graph(*a)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    kinds = {
+        "raw and greedy rows (drawn in the graph)": [SP, greedy],
+        "tempered and top-k rows too (drawn again)": [
+            SP, greedy, SamplingParams(temperature=0.7, max_new_tokens=12),
+            SamplingParams(temperature=1.0, top_k=5, max_new_tokens=12),
+        ],
+    }  # fmt: skip
+    for kind, params in kinds.items():
+        reqs = [
+            GenerationRequest(p, params[i % len(params)], seed=i) for i, p in enumerate(PROMPTS)
+        ]
+        reqs[1] = GenerationRequest(PROMPTS[1], SP, forced_ids=[5, 6, 7, 8, 9, 10, 11, 12])
+        before = len(calls)
+        want, got = eager.generate(reqs), compiled.generate(reqs)
+        assert len(calls) - before >= 20, kind
+        for w, g in zip(want, got, strict=True):
+            assert g.token_ids == w.token_ids, kind
+            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs),
+                                       atol=1e-5, rtol=0)  # fmt: skip
+    assert got[1].token_ids == [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.mark.slow
 def test_a_run_with_compiled_decode_steps_follows_every_weight_update(tmp_path: Path) -> None:
     """At eta = 0 every token comes from the trainer's own weights, so mismatch/* is the
     numerics alone: an engine graph that kept using old weights would show a large gap.

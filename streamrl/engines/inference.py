@@ -98,8 +98,9 @@ class LocalEngine(WeightStaging):
                     None (default): fused on the CPU, where it was measured to pay; on
                     other devices the fused copies (+50% of the layer weights in fp32)
                     are unmeasured, so they are off unless asked for.
-    compile_decode: ``torch.compile`` the fused decoder for steps that only decode
-                    (``rollout.compile``); steps that prefill stay eager. It needs the
+    compile_decode: ``torch.compile`` the steps that only decode, from the step plan to
+                    the drawn tokens (``rollout.compile``, ``LlamaSlotRunner.decode_all``);
+                    steps that prefill stay eager. It needs the
                     fused layers, and pays where a step is bound by per-op overhead
                     (small models; see ``benchmarks/results/engine.md``).
     """
@@ -129,6 +130,7 @@ class LocalEngine(WeightStaging):
         self.version = version
         self.stats = EngineStats()
         self.fast_path = supports_fast_path(model, self.max_seq_len)
+        self.compiled = compile_decode
         if fuse_layers is None:
             fuse_layers = self.device.type == "cpu"
         fuse = self.fast_path and fuse_layers and supports_fused(model)
@@ -318,26 +320,36 @@ class LocalEngine(WeightStaging):
         if not decoding and not admitted:
             return
         seqs = decoding + admitted
-        prefills = self._plan_prefills(decoding, admitted)
-        logits = self.runner.step(
-            [q.slot for q in decoding], self._next_tok, prefills
-        )  # (len(seqs), V)
-        self.stats.decode_steps += bool(decoding)
-        if admitted:
-            self.stats.prefill_steps += 1
-            self.stats.prefill_tokens += sum(len(f.prompt) - f.shared for f in prefills)
-            self.stats.prefix_tokens_reused += sum(f.shared for f in prefills)
-        # per-row sampling state gathered by slot (tiny tensors, one index op each)
         slots = [q.slot for q in seqs]
         slot_t = torch.tensor(slots, device=self.device)
-        if all(self._raw[s] for s in slots):  # sampling from softmax(logits) or greedy
-            scores = logits
+        raw = all(self._raw[s] for s in slots)  # sampling from softmax(logits) or greedy
+        self.stats.decode_steps += bool(decoding)
+        if self.compiled and not admitted:  # one graph from the step plan to drawn tokens
+            logits, tokens, token_lp = self.runner.decode_all(  # type: ignore[union-attr]
+                self._next_tok, counter_uniform(self._seed, self._count), self._greedy_cpu
+            )  # every slot's rows: keep the decoding ones'
+            if len(slots) < self.decode_slots:
+                logits, tokens, token_lp = logits[slot_t], tokens[slot_t], token_lp[slot_t]
+            drawn = raw  # the graph's draw is the one for raw rows
         else:
+            prefills = self._plan_prefills(decoding, admitted)
+            logits = self.runner.step(
+                [q.slot for q in decoding], self._next_tok, prefills
+            )  # (len(seqs), V)
+            drawn = False
+            if admitted:
+                self.stats.prefill_steps += 1
+                self.stats.prefill_tokens += sum(len(f.prompt) - f.shared for f in prefills)
+                self.stats.prefix_tokens_reused += sum(f.shared for f in prefills)
+        # per-row sampling state gathered by slot (tiny tensors, one index op each)
+        scores = logits
+        if not raw:
             scores = sampling_logits(
                 logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t]
             )
-        noise = counter_uniform(self._seed[slots], self._count[slots])
-        tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
+        if not drawn:
+            noise = counter_uniform(self._seed[slots], self._count[slots])
+            tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
         forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
         if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
             rows = torch.tensor(forced, device=self.device)

@@ -47,6 +47,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from streamrl.engines.fused_layers import FusedDecoder
+from streamrl.engines.sampling import sample
 
 # model_type values whose modules follow the Llama layout and calling convention
 LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3"}
@@ -299,7 +300,8 @@ class LlamaSlotRunner:
                 raise ValueError("compile_decode needs the fused decoder layers (fuse=True)")
             # A step that only decodes runs every slot (idle ones too) over the whole cache
             # capacity through a compiled graph, so its shapes are static: one graph per
-            # capacity, which doubles, so a handful per engine. The guards kept are the
+            # capacity, which doubles, so a handful per engine. The graph takes the step
+            # from the plan to the drawn tokens (decode_all). The guards kept are the
             # input tensors' (which capacity) and torch's global state; the others are
             # invariants of this runner: the same modules (weights are updated in place),
             # the same step plan (decode rows 0..S-1, no prefill). Python-side guards on
@@ -307,7 +309,7 @@ class LlamaSlotRunner:
             # own code object), so another engine in the process never runs them.
             # cpp_wrapper: the kernels are called from C++, not from a Python wrapper.
             self.compiled = torch.compile(
-                _own_code(self._logits),
+                _own_code(self._decode_all),
                 dynamic=False,
                 fullgraph=True,
                 options={"cpp_wrapper": True, "guard_filter_fn": _guards_kept},
@@ -339,20 +341,43 @@ class LlamaSlotRunner:
         returns:      (len(decode_slots) + len(prefills), V) float32 next-token logits,
                       decode rows first, then one row per prompt (its last position)
         """
-        compiled = self.compiled is not None and bool(decode_slots) and not prefills
-        # a compiled step decodes every slot: its graph has a fixed number of rows
-        n = self.cache.num_slots if compiled else decode_slots[-1] + 1 if decode_slots else 0
-        ids, pos, last = self._layout(n, tokens, prefills, whole_cache=compiled)
-        rows = decode_slots + last
-        with self._sdpa():
-            if compiled:  # every row's logits, then the sampled rows'
-                logits = self.compiled(ids, pos)
-                if len(rows) < n:
-                    logits = logits[torch.tensor(rows, device=self.device)]
-            else:  # the head on the sampled rows only
-                logits = self._logits(ids, pos, torch.tensor(rows, device=self.device))
+        n = decode_slots[-1] + 1 if decode_slots else 0
+        ids, pos, last = self._layout(n, tokens, prefills)
+        rows = torch.tensor(decode_slots + last, device=self.device)
+        with self._sdpa():  # the head on the sampled rows only
+            logits = self._logits(ids, pos, rows)
         self._advance(n, prefills)
         return logits
+
+    def decode_all(
+        self, tokens: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step that only decodes, as one compiled graph (``compile_decode``): every slot
+        decodes over the cache's whole capacity, then draws its next token by
+        :func:`sample` (the engine's draw for a row sampled from softmax(logits) or
+        greedily; the caller samples other rows again from the logits).
+
+        tokens, uniforms, greedy: (S,) last token, uniform and greedy flag of every slot
+        returns: (S, V) float32 logits, (S,) drawn tokens, (S,) their log-probs
+        """
+        c = self.cache
+        self._ensure_capacity(self._kv_len(c.num_slots))
+        c.n, c.prefills, c.prefix_masks = c.num_slots, [], []
+        out = self.compiled(tokens, uniforms, greedy)
+        self.steps += 1
+        return out
+
+    def _decode_all(
+        self, tokens: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """decode_all's graph: plan, decoder, head, draw, and every active slot grows by one."""
+        c = self.cache
+        self._decode_layout(c.num_slots, c.capacity)
+        logits = self._logits(tokens[None], c.pos[None])
+        drawn, logprobs = sample(logits, greedy, uniforms, traced=True)
+        self.lens.add_(self.active)
+        c.pos = c.flat_idx = c.mask = c.mask_bmm = None  # the plan lives in the graph only
+        return logits, drawn, logprobs
 
     def _logits(
         self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor | None = None
@@ -378,30 +403,22 @@ class LlamaSlotRunner:
                 h = h[0]
         return h[0]
 
+    def _kv_len(self, n: int) -> int:
+        """Keys decode rows [0:n] attend over: the longest active length, plus the new one."""
+        return max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+
     def _layout(
-        self, n: int, tokens: torch.Tensor, prefills: list[Prefill], whole_cache: bool = False
+        self, n: int, tokens: torch.Tensor, prefills: list[Prefill]
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Sets the cache's step plan; returns flat ids (1, T), positions (1, T) and
-        the flat index of each prompt's last computed token. Decode rows attend over the
-        longest active length, or with ``whole_cache`` over the cache's whole capacity
-        (a compiled step: then the key window is the buffers' own size, not a second one)."""
-        kv_len = max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+        the flat index of each prompt's last computed token."""
+        kv_len = self._kv_len(n)
         self._ensure_capacity(max([kv_len] + [len(f.prompt) + 1 for f in prefills]))
-        kv_len = self.cache.capacity if whole_cache else kv_len
         c = self.cache
         c.n, c.prefills, c.prefix_masks = n, [], []
         ids, pos = [], []
         if n:
-            c.pos = self.lens[:n]  # (n,) each slot writes its new key at its own length
-            self.mask[self.slot_ids[:n], 0, 0, c.pos] = 0.0  # ... and now sees it
-            # row of (slot, head, pos) in a (S*H_kv*C, D) view of a KV buffer: (n*H_kv,)
-            slot_head = self.slot_ids[:n, None] * self.kv_heads + self.heads  # (n, H_kv)
-            c.flat_idx = (slot_head * self.cache.capacity + c.pos[:, None]).reshape(-1)
-            c.mask = self.mask[:n, :, :, :kv_len]
-            if c.decode_bmm:  # the mask of every (slot, kv head), as one batch of products
-                c.mask_bmm = c.mask.expand(n, self.kv_heads, 1, -1).reshape(
-                    n * self.kv_heads, 1, -1
-                )
+            self._decode_layout(n, kv_len)
             ids.append(tokens[:n])
             pos.append(c.pos)
         off, flat_ids, flat_pos, last = n, [], [], []
@@ -418,6 +435,19 @@ class LlamaSlotRunner:
             ids.append(torch.tensor(flat_ids, dtype=torch.long).to(self.device))
             pos.append(torch.tensor(flat_pos, dtype=torch.long).to(self.device))
         return torch.cat(ids)[None], torch.cat(pos)[None], last
+
+    def _decode_layout(self, n: int, kv_len: int) -> None:
+        """The plan of decode rows [0:n]: each slot writes its new key at its own length and
+        attends over keys [0:kv_len]."""
+        c = self.cache
+        c.pos = self.lens[:n]
+        self.mask[self.slot_ids[:n], 0, 0, c.pos] = 0.0  # each slot now sees its new key
+        # row of (slot, head, pos) in a (S*H_kv*C, D) view of a KV buffer: (n*H_kv,)
+        slot_head = self.slot_ids[:n, None] * self.kv_heads + self.heads  # (n, H_kv)
+        c.flat_idx = (slot_head * c.capacity + c.pos[:, None]).reshape(-1)
+        c.mask = self.mask[:n, :, :, :kv_len]
+        if c.decode_bmm:  # the mask of every (slot, kv head), as one batch of products
+            c.mask_bmm = c.mask.expand(n, self.kv_heads, 1, -1).reshape(n * self.kv_heads, 1, -1)
 
     def _advance(self, n: int, prefills: list[Prefill]) -> None:
         """After the forward: decoding slots grew by one, new slots hold their prompt."""

@@ -130,6 +130,7 @@ def sample(
     greedy: torch.Tensor,
     uniforms: torch.Tensor,
     block: int = 256,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draws one token per row; returns (tokens (B,) long, their log-probs (B,) float32).
 
@@ -138,6 +139,8 @@ def sample(
     greedy:   (B,)   bool, argmax rows (first index on ties); their log-prob is
               the log-softmax of ``scores``, i.e. of the raw logits
     uniforms: (B,)   float64 in [0, 1), e.g. from :func:`counter_uniform`
+    traced:   inside a compiled graph: no host sync (the argmax is taken for every
+              row, not only when some row is greedy); the same tokens and log-probs
 
     Inverse CDF: the token is the first index whose cumulative probability
     exceeds ``u * total``. Zero-probability (filtered) tokens add nothing to the
@@ -148,9 +151,9 @@ def sample(
     b, v = scores.shape
     nb = -(-v // block)
     row_max = scores.amax(dim=-1, keepdim=True)  # (B, 1); 12x cheaper than max(dim) on CPU
-    unnorm = scores.new_empty((b, nb * block))
-    unnorm[:, v:] = -float("inf")  # padding: exp -> 0
-    torch.sub(scores, row_max, out=unnorm[:, :v])
+    unnorm = scores - row_max
+    if nb * block > v:  # padding: exp -> 0
+        unnorm = torch.nn.functional.pad(unnorm, (0, nb * block - v), value=-float("inf"))
     unnorm.exp_()  # (B, nb*block), unnormalised probs in (0, 1]
     blocks = unnorm.view(b, nb, block)
     block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # (B, nb)
@@ -173,7 +176,7 @@ def sample(
     )
     ii = torch.where(inner.gather(1, ii) > 0, ii, last_pos)
     tokens = (bi * block + ii).squeeze(1)
-    if bool(greedy.any()):
+    if traced or bool(greedy.any()):
         tokens = torch.where(greedy.to(scores.device), scores.argmax(dim=-1), tokens)
     log_z = row_max.squeeze(1) + total.squeeze(1).log().float()  # log-sum-exp per row
     return tokens, scores.gather(1, tokens[:, None]).squeeze(1) - log_z
