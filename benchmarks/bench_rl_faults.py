@@ -3,8 +3,7 @@
 Wraps ``TrainEngine.train_batch`` to read ``getrusage(RUSAGE_THREAD)`` around each
 update (the trainer's own thread, not the rollout worker's), writes one JSON line per
 update to ``--log``, runs ``streamrl train`` with the remaining arguments, and prints a
-summary. Run it once with ``runtime.keep_freed_memory=true`` and once with ``false``
-(or once with ``--skip-prepare``, the control for ``prepare_first_step``):
+summary. Run it once with ``runtime.keep_freed_memory=true`` and once with ``false``:
 
     PYTHONPATH=. python benchmarks/bench_rl_faults.py --log runs/faults/kept.jsonl -- \\
         train examples/smollm2.yaml rollout.group_size=8 rollout.max_new_tokens=48 \\
@@ -28,11 +27,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--log", type=Path, required=True, help="one JSON line per update")
     ap.add_argument("--from-update", type=int, default=4, help="first update of the summary")
-    ap.add_argument(
-        "--skip-prepare",
-        action="store_true",
-        help="the control for prepare_first_step: AdamW makes its state in the first step",
-    )
     ap.add_argument("streamrl_args", nargs=argparse.REMAINDER, help="-- then `streamrl` args")
     args = ap.parse_args()
     argv = args.streamrl_args[1:] if args.streamrl_args[:1] == ["--"] else args.streamrl_args
@@ -56,8 +50,6 @@ def main() -> None:
         return metrics
 
     train_module.TrainEngine.train_batch = timed
-    if args.skip_prepare:
-        train_module.TrainEngine.prepare_first_step = lambda self, gradients=True: None
     try:
         cli.main(argv)
     finally:

@@ -500,7 +500,6 @@ class Session:
         all_cpus = tuple(available_cpus())  # before the trainer is pinned to its share
         pool.start()
         apply_placement(placement.trainer_cpus, placement.trainer_threads)
-        trainer.prepare_first_step()  # while the workers generate the first batch
         try:
             pool.wait_version(version, timeout=START_TIMEOUT_S)  # every worker runs it
             for step in range(version + 1, steps + 1):

@@ -336,33 +336,3 @@ def test_preflight_refuses_train_compile_for_an_environment_policy() -> None:
     cfg = load_config("examples/cartpole.yaml", ["train.compile=true"])
     with pytest.raises(PreflightError, match="train.compile applies to language models"):
         check_train_compile(cfg)
-
-
-@pytest.mark.parametrize("fused", [True, False])
-def test_moments_made_before_the_first_step_change_no_number(fused: bool) -> None:
-    """prepare_first_step creates AdamW's state ahead of the first update (its memory is
-    faulted in while the trainer waits): three updates then give bit-identical weights
-    and optimizer state, and a resumed optimizer keeps the moments it has."""
-    runs = []
-    for prepare in (False, True):
-        engine = TrainEngine(tiny_model(), micro_batch_sequences=2, weight_decay=0.1)
-        engine.optimizer = torch.optim.AdamW(engine.trainable, lr=1e-2, weight_decay=0.1,
-                                             fused=fused)  # fmt: skip
-        if prepare:
-            engine.prepare_first_step()
-            state = engine.optimizer.state[engine.trainable[0]]
-            assert float(state["step"]) == 0 and not state["exp_avg_sq"].any()
-        for seed in (1, 2, 3):
-            engine.train_batch(make_batch(seed=seed), make_rl_loss_fn("ppo_clip"))
-        runs.append(engine)
-    lazy, prepared = runs
-    for name, w in lazy.model.named_parameters():
-        assert torch.equal(w, dict(prepared.model.named_parameters())[name]), name
-    for p, q in zip(lazy.trainable, prepared.trainable, strict=True):
-        a, b = lazy.optimizer.state[p], prepared.optimizer.state[q]
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-        assert b["step"].dtype == a["step"].dtype and float(b["step"]) == 3
-    kept = {id(p): prepared.optimizer.state[p]["exp_avg"].clone() for p in prepared.trainable}
-    prepared.prepare_first_step()  # has its state (a resume): nothing is replaced
-    for p in prepared.trainable:
-        assert torch.equal(prepared.optimizer.state[p]["exp_avg"], kept[id(p)])

@@ -80,30 +80,6 @@ class Optimized:
             ),
         )
 
-    def prepare_first_step(self, gradients: bool = True) -> None:
-        """Fault in now what the first optimizer step would fault in page by page: AdamW's
-        two moments, created as the zeros its first step would create (a parameter that
-        already has them, as after a resume, keeps its own), and with ``gradients`` the
-        heap the first backward's gradients will reuse (touched once and freed: with
-        ``keep_freed_memory`` glibc keeps it). Call it while the trainer waits anyway, for
-        its first batch: on this VM a page fault costs ~15 us, and the first SmolLM2
-        update took 20 s against ~7 s for later ones (rl_step.md). Changes no number."""
-        if self.device.type != "cpu":
-            return
-        sd = self.optimizer.state_dict()  # state keyed by the parameters' order in groups
-        params = [(p, g) for g in self.optimizer.param_groups for p in g["params"]]
-        for i, (p, group) in enumerate(params):
-            if i in sd["state"]:
-                continue
-            names = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
-            sd["state"][i] = {"step": torch.tensor(0.0)} | {
-                n: torch.zeros_like(p, memory_format=torch.preserve_format) for n in names
-            }
-        self.optimizer.load_state_dict(sd)  # torch casts the step as its fused kernel wants
-        if gradients:
-            touched = [torch.zeros_like(p) for p in self.trainable if p.grad is None]
-            del touched
-
     def step_optimizer(self) -> float | None:
         """Clip the gradient and step; returns its norm, or None (no step) if non-finite."""
         grad_norm = self.clip_gradients(self.max_grad_norm if self.max_grad_norm else math.inf)
