@@ -35,7 +35,7 @@ def generate(engine: LocalEngine, seed: int) -> list:
 @pytest.mark.slow
 def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> None:
     """fp16 weights: packed layers through the custom op, re-packed in the same modules
-    (fp32 weights: the run below)."""
+    (fp32 weights: the run below). Then every kind of row, on the same graphs."""
     weights = "float16"
     model = tiny_llama()
     eager = LocalEngine(copy.deepcopy(model), decode_slots=3, weights=weights)
@@ -68,18 +68,14 @@ def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> No
             assert graphs >= 1
     # and nothing was compiled again: one graph serves every weight version
     assert counters["stats"]["unique_graphs"] == graphs
+    draws_match_for_every_kind_of_row(eager, compiled, calls)
 
 
-@pytest.mark.slow
-def test_the_graphs_draw_matches_the_eager_one_for_every_kind_of_row() -> None:
-    """A compiled step draws raw and greedy rows inside its graph; a step with a tempered,
-    top-k or forced row samples again from the graph's logits. Either way the tokens and
-    log-probs are the eager engine's. fp32 weights: the draw is compared, not the packing."""
-    model = tiny_llama()
-    eager = LocalEngine(copy.deepcopy(model), decode_slots=3)
-    compiled = LocalEngine(copy.deepcopy(model), decode_slots=3, compile_decode=True)
-    graph, calls = compiled.runner.compiled, []
-    compiled.runner.compiled = lambda *a: calls.append(1) or graph(*a)
+def draws_match_for_every_kind_of_row(eager: LocalEngine, compiled: LocalEngine, calls) -> None:
+    """The graph draws raw and greedy rows itself; a step with a tempered or top-k row
+    samples again from the graph's logits, and a forced row takes its given token. Either
+    way the tokens and log-probs are the eager engine's (a graph whose draw ignored the
+    greedy flag fails here)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     kinds = {
         "raw and greedy rows (drawn in the graph)": [SP, greedy],
@@ -100,7 +96,7 @@ def test_the_graphs_draw_matches_the_eager_one_for_every_kind_of_row() -> None:
             assert g.token_ids == w.token_ids, kind
             torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs),
                                        atol=1e-5, rtol=0)  # fmt: skip
-    assert got[1].token_ids == [5, 6, 7, 8, 9, 10, 11, 12]
+        assert got[1].token_ids == [5, 6, 7, 8, 9, 10, 11, 12]
 
 
 @pytest.mark.slow
