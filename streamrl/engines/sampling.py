@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+_INF = float("inf")
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
@@ -151,9 +152,12 @@ def sample(
     b, v = scores.shape
     nb = -(-v // block)
     row_max = scores.amax(dim=-1, keepdim=True)  # (B, 1); 12x cheaper than max(dim) on CPU
-    unnorm = scores - row_max
-    if nb * block > v:  # padding: exp -> 0
-        unnorm = torch.nn.functional.pad(unnorm, (0, nb * block - v), value=-float("inf"))
+    if traced:  # a graph takes no out= into a view; the compiler fuses the pad anyway
+        unnorm = torch.nn.functional.pad(scores - row_max, (0, nb * block - v), value=-_INF)
+    else:  # eager: one write of (B, V), no temporary
+        unnorm = scores.new_empty((b, nb * block))
+        unnorm[:, v:] = -_INF  # padding: exp -> 0
+        torch.sub(scores, row_max, out=unnorm[:, :v])
     unnorm.exp_()  # (B, nb*block), unnormalised probs in (0, 1]
     blocks = unnorm.view(b, nb, block)
     block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # (B, nb)
