@@ -12,9 +12,12 @@ three OpenMP states of the process, in this order (each changes the process for 
 * ``clean``: only the engine's thread has ever run a two-thread team;
 * ``main-team``: the main thread has run one two-thread op first, as the trainer's
   evaluation before RL does, then gone back to one thread (libgomp keeps that team's
-  worker, and counts it);
+  worker);
 * ``released``: the main thread then opened a one-thread parallel region through libgomp
-  itself, which ends the worker it kept.
+  itself, meant to end that worker (measured: it does not bring the gain back).
+
+Results and the likely cause: ``benchmarks/results/rl_step.md``, "Lending, measured
+inside RL".
 
     PYTHONPATH=. python benchmarks/bench_engine_threads.py --prompts 16 --tokens 32 --rounds 2
     PYTHONPATH=. python benchmarks/bench_engine_threads.py --model tiny --tokens 128 --rounds 3
@@ -62,8 +65,8 @@ def main_thread_team() -> None:
 
 
 def release_main_team() -> None:
-    """A one-thread parallel region opened on the main thread through libgomp, which ends
-    the workers the thread's earlier, larger team left behind."""
+    """A one-thread parallel region opened on the main thread through libgomp, meant to
+    end the workers the thread's earlier, larger team left behind."""
     maps = Path("/proc/self/maps").read_text().splitlines()
     path = next(ln.split()[-1] for ln in maps if "libgomp" in ln)
     noop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: None)
