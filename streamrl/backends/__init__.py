@@ -59,7 +59,7 @@ def make_backend(
             engine.update_weights(weights, version)
             return engine, make_worker(cfg, engine, tokenizer, emit)
 
-        return LocalBackend(make, n)
+        return LocalBackend(make, n, threads=placement.worker_threads)
     spec = WorkerSpec(cfg, engine_model.config, tokenizer, device)
     if cfg.runtime.backend == "process":
         from streamrl.backends.process import ProcessBackend

@@ -19,6 +19,7 @@ import torch
 
 from streamrl.backends.base import drain
 from streamrl.engines.inference import LocalEngine
+from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.messages import Command, Report, Stop
 from streamrl.rollout import Emit, RolloutWorker
 
@@ -28,9 +29,13 @@ class LocalBackend:
     restartable = False
 
     def __init__(
-        self, make: Callable[[int, Emit], tuple[LocalEngine, RolloutWorker]], num_workers: int
+        self,
+        make: Callable[[int, Emit], tuple[LocalEngine, RolloutWorker]],
+        num_workers: int,
+        threads: int | None = None,
     ):
         self.num_workers = num_workers
+        self.threads = threads  # each worker thread's torch threads (None: left as it is)
         self._reports: queue.SimpleQueue[tuple[int, tuple]] = queue.SimpleQueue()
         self.engines: list[LocalEngine] = []
         self.workers: list[RolloutWorker] = []
@@ -50,6 +55,8 @@ class LocalBackend:
             self._threads.append(t)
 
     def _run(self, w: int, worker: RolloutWorker) -> None:
+        if self.threads is not None:  # its weight loads too, whatever the trainer set since
+            set_thread_torch_threads(self.threads)
         try:
             asyncio.run(worker.run(on_tick=self.engines[w].apply_staged_weights))
         except BaseException:

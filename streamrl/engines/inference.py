@@ -46,6 +46,7 @@ from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, s
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
 from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
 from streamrl.engines.staging import WeightStaging
+from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
 _U64 = (1 << 64) - 1
@@ -145,9 +146,14 @@ class LocalEngine(WeightStaging):
                 + ("its own layer modules" if self.fast_path else "the per-slot fallback")
             )
         # FBGEMM's fp16 packing runs on every core this process may use (weight updates
-        # re-pack every layer: ~1.4 s for SmolLM2 on one core)
+        # re-pack every layer: ~1.4 s for SmolLM2 on one core), one torch thread each: the
+        # pool is the parallelism, and no OpenMP team outlives a load (engines/threads.py)
         n = pack_threads() if weights != "float32" else 1
-        self._packer = ThreadPoolExecutor(n, "streamrl-pack") if n > 1 else None
+        self._packer = (
+            ThreadPoolExecutor(n, "streamrl-pack", set_thread_torch_threads, (1,))
+            if n > 1
+            else None
+        )
         skip = fused_away(model) if fuse else ()
         self.packed = pack_linears(model, weights, skip, self._packer) > 0
         if self.fast_path:
@@ -268,12 +274,12 @@ class LocalEngine(WeightStaging):
         loop = asyncio.get_running_loop()
         if self._executor is None:
             # the step thread computes with the caller's torch thread count (a new thread
-            # would take the process-wide default, and a different count changes the
-            # floating-point reduction order: agenerate would differ from generate)
+            # would take the process-wide count of its first op, and a different count
+            # changes the floating-point reduction order: agenerate would differ from generate)
             self._executor = ThreadPoolExecutor(
                 max_workers=1,
                 thread_name_prefix="streamrl-engine",
-                initializer=torch.set_num_threads,
+                initializer=set_thread_torch_threads,
                 initargs=(torch.get_num_threads(),),
             )
         try:
