@@ -47,6 +47,13 @@ class RuntimeConfig(_Section):
         "their working set in again (an isolated SmolLM2 update: 0.80x as long). "
         "false: glibc's defaults.",
     )
+    lend_cores: bool = Field(
+        True,
+        description="Disaggregated RL on the local backend with one rollout worker, at "
+        "stream.max_staleness >= 1: while the trainer waits for a batch, its thread runs "
+        "the rollout engine's steps on every core (trainer + rollout threads), and the "
+        "engine's own thread waits. Counted in rollout/driven_steps. false: never.",
+    )
     device: str = Field("cpu", description="'cpu', 'cuda' or 'auto'.")
     num_gpus: float = Field(
         0.0,

@@ -496,6 +496,9 @@ class Session:
         cfg, trainer, algo, run = self.cfg, self.trainer, self.algo, self.run
         colocated, partial = placement.colocated, cfg.rollout.partial_rollouts
         auto = AutoPlacement(cfg.runtime.placement == "auto")
+        # eta = 0 stays bit-reproducible: a step's numbers depend on its thread count
+        lend_cores = cfg.runtime.lend_cores and cfg.stream.max_staleness >= 1
+        lent = placement.trainer_threads + placement.worker_threads
         steps, row = cfg.train.steps, {}
         all_cpus = tuple(available_cpus())  # before the trainer is pinned to its share
         pool.start()
@@ -509,7 +512,14 @@ class Session:
                         groups = None
                         while groups is None and not self.stop.requested:
                             pool.raise_if_failed()
-                            groups = stream.get_batch(timeout=1.0)
+                            drove = (
+                                lend_cores
+                                and not colocated
+                                and pool.drive_engines(
+                                    lent, lambda: stream.has_batch() or self.stop.requested
+                                )
+                            )  # the trainer's thread steps the engine on every core
+                            groups = stream.get_batch(timeout=0.005 if drove else 1.0)
                         if groups is None:  # a graceful stop: checkpoint at step - 1
                             pool.hold(True)
                             self.checkpoint("rl", step - 1, **self._rl_state(pool, recorder))

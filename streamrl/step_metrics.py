@@ -56,9 +56,9 @@ class StepMetrics:
         m.update(stream.stats.as_metrics())
         m.update(pool.selection_metrics())
         m.update(pool.pop_rollout_stats())
-        m["rollout/engine_steps"] = float(
-            sum(v for k, v in pool.total_engine_stats().items() if k in ENGINE_WORK)
-        )
+        engines = pool.total_engine_stats()
+        m["rollout/engine_steps"] = float(sum(v for k, v in engines.items() if k in ENGINE_WORK))
+        m["rollout/driven_steps"] = float(engines.get("driven_steps", 0))  # runtime.lend_cores
         m["rollout/worker_restarts"] = pool.restarts
         m["rollout/reissued_items"] = pool.reissued
         m["time/weight_publish"] = pool.publish_s.get(step, 0.0)

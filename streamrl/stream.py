@@ -194,19 +194,8 @@ class SampleStream:
             while True:
                 if self._closed:
                     raise StreamClosed("stream closed")
-                oldest_allowed = self._trainer_version - self.max_staleness
-                forced = [i for i, v in self._outstanding.items() if v <= oldest_allowed]
-                if len(forced) > b:  # impossible if producers respect capacity()
-                    raise AssertionError(f"{len(forced)} items would exceed the staleness bound")
-                chosen = None
-                if all(i in self._ready for i in forced) and len(self._ready) >= b:
-                    forced_set = set(forced)
-                    rest = sorted(
-                        (i for i in self._ready if i not in forced_set),
-                        key=lambda i: (self._outstanding[i], i),
-                    )
-                    chosen = sorted(forced + rest[: b - len(forced)])
-                if chosen is not None and self._keeps_bound(set(chosen)):
+                chosen = self._choose()
+                if chosen is not None:
                     groups = [self._ready.pop(i) for i in chosen]
                     for i in chosen:
                         del self._outstanding[i]
@@ -218,6 +207,28 @@ class SampleStream:
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+
+    def has_batch(self) -> bool:
+        """Whether :meth:`get_batch` would return a batch now."""
+        with self._cond:
+            return self._closed or self._choose() is not None
+
+    def _choose(self) -> list[int] | None:
+        """The items of the next batch, sorted, if one can be taken now (hold the lock)."""
+        b = self.items_per_batch
+        oldest_allowed = self._trainer_version - self.max_staleness
+        forced = [i for i, v in self._outstanding.items() if v <= oldest_allowed]
+        if len(forced) > b:  # impossible if producers respect capacity()
+            raise AssertionError(f"{len(forced)} items would exceed the staleness bound")
+        if not all(i in self._ready for i in forced) or len(self._ready) < b:
+            return None
+        forced_set = set(forced)
+        rest = sorted(
+            (i for i in self._ready if i not in forced_set),
+            key=lambda i: (self._outstanding[i], i),
+        )
+        chosen = sorted(forced + rest[: b - len(forced)])
+        return chosen if self._keeps_bound(set(chosen)) else None
 
     def _keeps_bound(self, chosen: set[int]) -> bool:
         """After consuming ``chosen`` (trainer goes v -> v+1), every admit version u

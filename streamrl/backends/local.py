@@ -84,6 +84,15 @@ class LocalBackend:
         for engine in self.engines:
             engine.stage_weights(state_dict, version)
 
+    def drive(self, threads: int, until: Callable[[], bool]) -> bool:
+        """Runs the engine's steps on the calling thread until ``until()`` is true or the
+        engine runs out of work (:meth:`LocalEngine.drive`). Returns False, having run
+        nothing, with more than one engine: one thread cannot step several at once."""
+        if len(self.engines) != 1:
+            return False
+        self.engines[0].drive(threads, until)
+        return True
+
     def close(self) -> None:
         for w in self.workers:
             w.inbox.put(Stop())

@@ -34,7 +34,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -163,6 +163,14 @@ class RolloutPool(PoolBooks):
                     f"{timeout or self.worker_timeout_s:.0f}s (versions: {self.versions})"
                 )
             time.sleep(0.001)
+
+    def drive_engines(self, threads: int, until: Callable[[], bool]) -> bool:
+        """The caller's thread runs the rollout engine's steps with ``threads`` torch
+        threads until ``until()`` is true or the engine runs out of work
+        (``runtime.lend_cores``). False where it cannot: only the local backend's single
+        engine shares this process."""
+        drive = getattr(self.backend, "drive", None)
+        return bool(drive is not None and drive(threads, until))
 
     def pause(self) -> None:
         self._broadcast(Pause())

@@ -65,6 +65,7 @@ class EngineStats:
     weight_updates: int = 0
     prefix_tokens_reused: int = 0  # prompt tokens whose KV was copied from another slot
     step_seconds: float = 0.0  # wall time inside steps (forward + sampling + bookkeeping)
+    driven_steps: int = 0  # steps another thread ran (drive), e.g. the waiting trainer's
 
 
 @dataclass
@@ -189,6 +190,8 @@ class LocalEngine(WeightStaging):
         self._resumed.set()
         self._executor: ThreadPoolExecutor | None = None
         self._scheduler: asyncio.Task[None] | None = None
+        self._undriven = threading.Event()  # clear while another thread drives (drive)
+        self._undriven.set()
 
     # ------------------------------------------------------------------ public API
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -284,11 +287,40 @@ class LocalEngine(WeightStaging):
             )
         try:
             while self._has_work():
-                await loop.run_in_executor(self._executor, self._step)
+                await loop.run_in_executor(self._executor, self._scheduled_step)
         except BaseException as exc:  # e.g. executor closed or loop cancelled: fail, don't hang
             with self._step_lock:
                 self._fail_all(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             raise
+
+    def drive(self, threads: int, until: Callable[[], bool]) -> int:
+        """Runs this engine's steps on the calling thread, with ``threads`` torch threads,
+        until ``until()`` is true, the engine has no work or it is paused; the scheduler's
+        thread waits meanwhile. Returns the steps run.
+
+        For a thread whose cores would idle otherwise: the trainer's, while it waits for a
+        batch (``runtime.lend_cores``). The steps run on the calling thread's own OpenMP
+        team, so the process keeps a single team (``engines/threads.py``: libgomp stops
+        spinning at its barriers once it manages more threads than there are cores). A
+        step's numbers depend on its thread count: with another count than the engine's
+        own, runs that drive are not bit-reproducible."""
+        before, n = torch.get_num_threads(), 0
+        self._undriven.clear()
+        try:
+            torch.set_num_threads(threads)
+            while self._resumed.is_set() and self._has_work() and not until():
+                self._step()
+                n += 1
+        finally:
+            torch.set_num_threads(before)
+            self._undriven.set()
+            self.stats.driven_steps += n
+        return n
+
+    def _scheduled_step(self) -> None:
+        """A step on the scheduler's thread, once no other thread drives the engine."""
+        self._undriven.wait()
+        self._step()
 
     def _step(self) -> None:
         """One scheduler step; see the module docstring. Safe to call from any thread."""
