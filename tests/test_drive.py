@@ -55,7 +55,7 @@ def test_driven_steps_compute_what_the_engines_own_steps_compute():
     engine = LocalEngine(tiny_llama(), decode_slots=4, version=0)
     _slow_own_steps(engine)
     t, out = _generate_in_background(engine, _requests())
-    driven = engine.drive(torch.get_num_threads(), until=lambda: False)
+    driven = engine.drive(torch.get_num_threads(), until=lambda: False, min_step_s=0)
     t.join(30)
     engine.close()
     assert driven > 0 and engine.stats.driven_steps == driven
@@ -68,7 +68,7 @@ def test_driving_stops_when_asked_and_the_engines_thread_finishes_the_rest():
     engine = LocalEngine(tiny_llama(), decode_slots=4, version=0)
     _slow_own_steps(engine)
     t, out = _generate_in_background(engine, _requests(tokens=16))
-    driven = engine.drive(1, until=lambda: engine.stats.decode_steps >= 3)
+    driven = engine.drive(1, until=lambda: engine.stats.decode_steps >= 3, min_step_s=0)
     assert 1 <= driven <= 3  # the engine's own thread may have run a step first
     t.join(60)
     engine.close()
@@ -87,6 +87,18 @@ def test_driving_an_idle_or_paused_engine_runs_nothing():
     t.join(30)
     engine.close()
     assert len(out["results"]) == 2
+
+
+def test_steps_cheaper_than_the_floor_are_left_to_the_engines_own_thread():
+    """Steps of a few ms are mostly Python under the GIL: driving them only contends with
+    the rollout thread, so the trainer does not drive them."""
+    engine = LocalEngine(tiny_llama(), decode_slots=4, version=0)
+    engine.generate(_requests(n=2, tokens=4))  # steps of about a millisecond on record
+    t, out = _generate_in_background(engine, _requests())
+    assert engine.drive(1, until=lambda: False, min_step_s=1.0) == 0
+    t.join(30)
+    engine.close()
+    assert len(out["results"]) == 6 and engine.stats.driven_steps == 0
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2])
@@ -120,10 +132,15 @@ def test_has_batch_says_whether_get_batch_would_return_one(eta):
 
 
 @pytest.mark.parametrize("lend", [True, False])
-def test_an_async_run_drives_only_where_lending_is_on(tmp_path, lend):
+def test_an_async_run_drives_only_where_lending_is_on(tmp_path, lend, monkeypatch):
     """A short RL run at eta = 1 on the local backend: the waiting trainer drives the
-    engine (counted in ``rollout/driven_steps``), and the stream's books still balance."""
+    engine (counted in ``rollout/driven_steps``), and the stream's books still balance.
+    The tiny model's steps are below the floor, so the floor is lowered here."""
     import json
+
+    import streamrl.engines.inference as inference
+
+    monkeypatch.setattr(inference, "DRIVE_MIN_STEP_S", 0.0)
 
     from streamrl.config import load_config
     from streamrl.launch import train

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,9 @@ from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
 _U64 = (1 << 64) - 1
+# drive() leaves cheaper steps to the engine's own thread (see drive): SmolLM2's decode
+# steps take ~80-150 ms on this CPU, the tiny main job's ~5 ms
+DRIVE_MIN_STEP_S = 0.02
 
 
 @dataclass
@@ -191,6 +195,7 @@ class LocalEngine(WeightStaging):
         self._executor: ThreadPoolExecutor | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self._undriven = threading.Event()  # clear while another thread drives (drive)
+        self._recent_steps: collections.deque[float] = collections.deque(maxlen=32)
         self._undriven.set()
 
     # ------------------------------------------------------------------ public API
@@ -293,10 +298,18 @@ class LocalEngine(WeightStaging):
                 self._fail_all(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             raise
 
-    def drive(self, threads: int, until: Callable[[], bool]) -> int:
+    def drive(
+        self, threads: int, until: Callable[[], bool], min_step_s: float | None = None
+    ) -> int:
         """Runs this engine's steps on the calling thread, with ``threads`` torch threads,
         until ``until()`` is true, the engine has no work or it is paused; the scheduler's
         thread waits meanwhile. Returns the steps run.
+
+        Only steps that cost at least ``min_step_s`` (default ``DRIVE_MIN_STEP_S``; the
+        median of the last 32 steps, on either thread) are driven. Cheaper steps are
+        mostly Python, which holds the GIL, so a second core cannot speed them up (the
+        tiny main job, driving its ~5 ms steps: 28.5 s of waits in 200 RL steps, the
+        same as without).
 
         For a thread whose cores would idle otherwise: the trainer's, while it waits for a
         batch (``runtime.lend_cores``). The steps run on the calling thread's own OpenMP
@@ -304,11 +317,16 @@ class LocalEngine(WeightStaging):
         spinning at its barriers once it manages more threads than there are cores). A
         step's numbers depend on its thread count: with another count than the engine's
         own, runs that drive are not bit-reproducible."""
+        floor = DRIVE_MIN_STEP_S if min_step_s is None else min_step_s
         before, n = torch.get_num_threads(), 0
         self._undriven.clear()
         try:
             torch.set_num_threads(threads)
             while self._resumed.is_set() and self._has_work() and not until():
+                with self._step_lock:  # steps append to it under this lock
+                    cheap = bool(self._recent_steps) and median(self._recent_steps) < floor
+                if cheap:
+                    break
                 self._step()
                 n += 1
         finally:
@@ -337,7 +355,9 @@ class LocalEngine(WeightStaging):
                 if not isinstance(exc, Exception):
                     raise
             finally:
-                self.stats.step_seconds += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                self.stats.step_seconds += spent
+                self._recent_steps.append(spent)
         # weights staged while this step held the lock: update_weights could not apply
         # them, and an engine with no more work runs no next step, so apply them now
         self.apply_staged_weights()
