@@ -68,8 +68,16 @@ def test_driving_stops_when_asked_and_the_engines_thread_finishes_the_rest():
     engine = LocalEngine(tiny_llama(), decode_slots=4, version=0)
     _slow_own_steps(engine)
     t, out = _generate_in_background(engine, _requests(tokens=16))
-    driven = engine.drive(1, until=lambda: engine.stats.decode_steps >= 3, min_step_s=0)
-    assert 1 <= driven <= 3  # the engine's own thread may have run a step first
+    own_hook, on_main = engine.on_step, []
+
+    def hook(e: LocalEngine) -> None:
+        own_hook(e)
+        if threading.current_thread() is threading.main_thread():
+            on_main.append(1)
+
+    engine.on_step = hook
+    driven = engine.drive(1, until=lambda: len(on_main) >= 3, min_step_s=0)
+    assert driven == 3
     t.join(60)
     engine.close()
     assert not t.is_alive()
@@ -142,29 +150,12 @@ def test_an_async_run_drives_only_where_lending_is_on(tmp_path, lend, monkeypatc
 
     monkeypatch.setattr(inference, "DRIVE_MIN_STEP_S", 0.0)
 
-    from streamrl.config import load_config
     from streamrl.launch import train
+    from tests.test_docs import _cfg
 
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=8",
-            "algorithm.dynamic_sampling=false",
-            "train.items_per_step=2",
-            "train.steps=4",
-            "stream.max_staleness=1",
-            f"runtime.lend_cores={str(lend).lower()}",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-        ],
+    overrides = ["rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=4"]
+    cfg = _cfg(
+        tmp_path, *overrides, "stream.max_staleness=1", f"runtime.lend_cores={str(lend).lower()}"
     )
     result = train(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]

@@ -432,27 +432,34 @@ def test_staged_weights_wait_for_the_engine_thread(llama):
     assert result.versions == [5, 5]  # loaded before the first step
 
 
+class TickingWorker:
+    """A rollout worker loop with no items: it only ticks (the local backend's loads)."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    async def run(self, on_tick) -> None:
+        import queue
+
+        from streamrl.messages import Stop
+
+        while True:
+            on_tick()
+            try:
+                if isinstance(self.inbox.get_nowait(), Stop):
+                    return
+            except queue.Empty:
+                await asyncio.sleep(0.001)
+
+
 def test_local_backend_publish_loads_on_the_worker_thread():
     """The trainer's publish only stages the weights: the rollout worker's own thread
     loads them, even when its engine is idle, so the trainer never waits for the copy."""
-    import queue
     import time
 
     from streamrl.backends.local import LocalBackend
-    from streamrl.messages import Stop
-
-    class TickingWorker:  # a worker loop with no items: it only ticks
-        def __init__(self) -> None:
-            self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-
-        async def run(self, on_tick) -> None:
-            while True:
-                on_tick()
-                try:
-                    if isinstance(self.inbox.get_nowait(), Stop):
-                        return
-                except queue.Empty:
-                    await asyncio.sleep(0.001)
 
     engine = LocalEngine(tiny_llama(), decode_slots=2, version=0)
     loaded_on = []

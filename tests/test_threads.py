@@ -4,7 +4,6 @@ thread set last (``streamrl/engines/threads.py``)."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 
@@ -16,8 +15,7 @@ import streamrl.engines.quantize as quantize
 from streamrl.backends.local import LocalBackend
 from streamrl.engines.inference import LocalEngine
 from streamrl.engines.threads import set_thread_torch_threads
-from streamrl.messages import Stop
-from tests.test_inference_engine import tiny_llama
+from tests.test_inference_engine import TickingWorker, tiny_llama
 
 
 @pytest.fixture(autouse=True)
@@ -57,22 +55,6 @@ def test_a_thread_keeps_the_count_it_set():
     assert _count_in_new_thread(set_thread_torch_threads, trainer_count=2) == 1
 
 
-class _TickingWorker:  # a worker loop with no items: it only ticks
-    def __init__(self) -> None:
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-
-    async def run(self, on_tick) -> None:
-        import asyncio
-
-        while True:
-            on_tick()
-            try:
-                if isinstance(self.inbox.get_nowait(), Stop):
-                    return
-            except queue.Empty:
-                await asyncio.sleep(0.001)
-
-
 @pytest.mark.parametrize("threads, expected", [(1, 1), (None, 2)])
 def test_the_rollout_thread_loads_weights_with_its_own_count(threads, expected):
     """The trainer sets two threads after the rollout thread started (as RL does when
@@ -83,7 +65,7 @@ def test_the_rollout_thread_loads_weights_with_its_own_count(threads, expected):
     load = engine._load_weights
     engine._load_weights = lambda sd, v: (counts.append(torch.get_num_threads()), load(sd, v))
     torch.set_num_threads(1)
-    backend = LocalBackend(lambda w, emit: (engine, _TickingWorker()), 1, threads=threads)
+    backend = LocalBackend(lambda w, emit: (engine, TickingWorker()), 1, threads=threads)
     backend.start()
     try:
         time.sleep(0.05)
