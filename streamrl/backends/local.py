@@ -87,10 +87,12 @@ class LocalBackend:
     def drive(self, threads: int, until: Callable[[], bool]) -> bool:
         """Runs the engine's steps on the calling thread until ``until()`` is true or the
         engine runs out of work (:meth:`LocalEngine.drive`). Returns False, having run
-        nothing, with more than one engine: one thread cannot step several at once."""
-        if len(self.engines) != 1:
+        nothing, with more than one engine (one thread cannot step several at once) or an
+        engine that cannot be driven (a Gymnasium policy's)."""
+        drive = getattr(self.engines[0], "drive", None) if len(self.engines) == 1 else None
+        if drive is None:
             return False
-        self.engines[0].drive(threads, until)
+        drive(threads, until)
         return True
 
     def close(self) -> None:

@@ -306,7 +306,8 @@ class LocalEngine(WeightStaging):
         thread waits meanwhile. Returns the steps run.
 
         Only steps that cost at least ``min_step_s`` (default ``DRIVE_MIN_STEP_S``; the
-        median of the last 32 steps, on either thread) are driven. Cheaper steps are
+        median of the last 32 steps, on either thread) are driven, so an engine that has
+        not stepped yet is not driven (0 drives regardless). Cheaper steps are
         mostly Python, which holds the GIL, so a second core cannot speed them up (the
         tiny main job, driving its ~5 ms steps: 28.5 s of waits in 200 RL steps, the
         same as without).
@@ -324,7 +325,8 @@ class LocalEngine(WeightStaging):
             torch.set_num_threads(threads)
             while self._resumed.is_set() and self._has_work() and not until():
                 with self._step_lock:  # steps append to it under this lock
-                    cheap = bool(self._recent_steps) and median(self._recent_steps) < floor
+                    recent = self._recent_steps  # none yet: the cost is unknown, not driven
+                    cheap = floor > 0 and (not recent or median(recent) < floor)
                 if cheap:
                     break
                 self._step()
