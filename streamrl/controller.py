@@ -512,14 +512,14 @@ class Session:
                         groups = None
                         while groups is None and not self.stop.requested:
                             pool.raise_if_failed()
-                            drove = (
-                                lend_cores
-                                and not colocated
-                                and pool.drive_engines(
-                                    lent, lambda: stream.has_batch() or self.stop.requested
-                                )
+                            lending = lend_cores and not colocated
+                            drove = lending and pool.drive_engines(
+                                lent, lambda: stream.has_batch() or self.stop.requested
                             )  # the trainer's thread steps the engine on every core
-                            groups = stream.get_batch(timeout=0.005 if drove else 1.0)
+                            # where driving applies, drive again as soon as work comes;
+                            # where it does not (yet: steps not measured), look in 0.1 s
+                            wait = 0.005 if drove else 0.1 if lending else 1.0
+                            groups = stream.get_batch(timeout=wait)
                         if groups is None:  # a graceful stop: checkpoint at step - 1
                             pool.hold(True)
                             self.checkpoint("rl", step - 1, **self._rl_state(pool, recorder))

@@ -109,6 +109,34 @@ def test_steps_cheaper_than_the_floor_are_left_to_the_engines_own_thread():
     assert len(out["results"]) == 6 and engine.stats.driven_steps == 0
 
 
+def test_the_backend_drives_only_where_it_pays(monkeypatch):
+    """The trainer polls for its batch every 5 ms only where driving applies; where it
+    does not (two engines, no step on record yet, steps under the floor), the backend
+    says so without stepping, and the trainer looks again in 0.1 s instead of spinning."""
+    import streamrl.engines.inference as inference
+    from streamrl.backends.local import LocalBackend
+    from tests.test_inference_engine import TickingWorker
+
+    engines = [LocalEngine(tiny_llama(), decode_slots=4, version=0) for _ in range(2)]
+    two = LocalBackend(lambda w, emit: (engines[w], TickingWorker()), 2)
+    one = LocalBackend(lambda w, emit: (engines[0], TickingWorker()), 1)
+    monkeypatch.setattr(inference, "DRIVE_MIN_STEP_S", 1e-9)
+    assert not two.drive(1, until=lambda: False)  # one thread cannot step two engines
+    assert not one.drive(1, until=lambda: False)  # no step on record: the cost is unknown
+    engines[0].generate(_requests(n=2, tokens=4))
+    assert one.drive(1, until=lambda: False)  # applies, though there is no work now
+    _slow_own_steps(engines[0])
+    t, out = _generate_in_background(engines[0], _requests())
+    monkeypatch.setattr(inference, "DRIVE_MIN_STEP_S", 1.0)  # the tiny model's ~1 ms steps
+    assert not one.drive(1, until=lambda: False)
+    assert engines[0].stats.driven_steps == 0
+    monkeypatch.setattr(inference, "DRIVE_MIN_STEP_S", 1e-9)
+    assert one.drive(1, until=lambda: False)
+    t.join(30)
+    engines[0].close()
+    assert len(out["results"]) == 6 and engines[0].stats.driven_steps > 0
+
+
 @pytest.mark.parametrize("eta", [0, 1, 2])
 def test_has_batch_says_whether_get_batch_would_return_one(eta):
     """The trainer drives until ``has_batch``; it must agree with ``get_batch`` in every

@@ -87,12 +87,13 @@ class LocalBackend:
     def drive(self, threads: int, until: Callable[[], bool]) -> bool:
         """Runs the engine's steps on the calling thread until ``until()`` is true or the
         engine runs out of work (:meth:`LocalEngine.drive`). Returns False, having run
-        nothing, with more than one engine (one thread cannot step several at once) or an
-        engine that cannot be driven (a Gymnasium policy's)."""
-        drive = getattr(self.engines[0], "drive", None) if len(self.engines) == 1 else None
-        if drive is None:
+        nothing, where driving does not apply: more than one engine (one thread cannot
+        step several at once), an engine that cannot be driven (a Gymnasium policy's), or
+        one whose steps are too cheap to be worth it (:meth:`LocalEngine.worth_driving`)."""
+        engine = self.engines[0] if len(self.engines) == 1 else None
+        if not (hasattr(engine, "drive") and engine.worth_driving()):
             return False
-        drive(threads, until)
+        engine.drive(threads, until)
         return True
 
     def close(self) -> None:

@@ -318,16 +318,12 @@ class LocalEngine(WeightStaging):
         spinning at its barriers once it manages more threads than there are cores). A
         step's numbers depend on its thread count: with another count than the engine's
         own, runs that drive are not bit-reproducible."""
-        floor = DRIVE_MIN_STEP_S if min_step_s is None else min_step_s
         before, n = torch.get_num_threads(), 0
         self._undriven.clear()
         try:
             torch.set_num_threads(threads)
             while self._resumed.is_set() and self._has_work() and not until():
-                with self._step_lock:  # steps append to it under this lock
-                    recent = self._recent_steps  # none yet: the cost is unknown, not driven
-                    cheap = floor > 0 and (not recent or median(recent) < floor)
-                if cheap:
+                if not self.worth_driving(min_step_s):
                     break
                 self._step()
                 n += 1
@@ -336,6 +332,14 @@ class LocalEngine(WeightStaging):
             self._undriven.set()
             self.stats.driven_steps += n
         return n
+
+    def worth_driving(self, min_step_s: float | None = None) -> bool:
+        """Whether :meth:`drive` would run steps: the median of the last 32 steps costs at
+        least ``min_step_s`` (default ``DRIVE_MIN_STEP_S``; 0: always). With no step on
+        record the cost is unknown, and it is not."""
+        floor = DRIVE_MIN_STEP_S if min_step_s is None else min_step_s
+        recent = tuple(self._recent_steps)  # one C call under the GIL: a consistent copy
+        return floor <= 0 or (bool(recent) and median(recent) >= floor)
 
     def _scheduled_step(self) -> None:
         """A step on the scheduler's thread, once no other thread drives the engine."""
