@@ -7,7 +7,8 @@ addition (``examples/smollm2.yaml``), GRPO with 2 prompts x 8 samples a step, at
 
 - **streamrl**: ``streamrl train examples/smollm2.yaml`` with those overrides and
   ``run.max_rl_seconds=BUDGET`` (asynchronous, eta = 1, dynamic sampling, the default
-  placement), in a subprocess.
+  placement, the example's fp16 engine weights), in a subprocess. Add
+  ``--variant fp32:rollout.engine_weights=float32`` for the exact fp32 engine.
 - **plain**: what one writes with transformers alone, in a subprocess with both cores:
   ``model.generate`` (8 return sequences per prompt), score, group-normalised advantages,
   a policy-gradient step on the full forward (on-policy, so the PPO ratio is 1), AdamW,
