@@ -21,7 +21,7 @@ from streamrl.launch import train
 from streamrl.preflight import PreflightError, check_engine_compile
 from streamrl.types import GenerationRequest, SamplingParams
 from tests.test_engine_weights import packed_copy
-from tests.test_inference_engine import PROMPTS, full_logprobs, tiny_llama
+from tests.test_inference_engine import PROMPTS, CharTokenizer, full_logprobs, tiny_llama
 from tests.tiny_run import metric_rows, tiny_rl_config
 
 SP = SamplingParams(temperature=1.0, max_new_tokens=12)
@@ -38,9 +38,10 @@ def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> No
     (fp32 weights: the run below). Then every kind of row, on the same graphs."""
     weights = "float16"
     model = tiny_llama()
-    eager = LocalEngine(copy.deepcopy(model), decode_slots=3, weights=weights)
+    tok = CharTokenizer()  # for the forced row's stop string (below)
+    eager = LocalEngine(copy.deepcopy(model), tok, decode_slots=3, weights=weights)
     compiled = LocalEngine(
-        copy.deepcopy(model), decode_slots=3, weights=weights, compile_decode=True
+        copy.deepcopy(model), tok, decode_slots=3, weights=weights, compile_decode=True
     )
     graph, calls = compiled.runner.compiled, []
     compiled.runner.compiled = lambda *a: calls.append(1) or graph(*a)
@@ -73,9 +74,10 @@ def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> No
 
 def draws_match_for_every_kind_of_row(eager: LocalEngine, compiled: LocalEngine, calls) -> None:
     """The graph draws raw and greedy rows itself; a step with a tempered or top-k row
-    samples again from the graph's logits, and a forced row takes its given token. Either
-    way the tokens and log-probs are the eager engine's (a graph whose draw ignored the
-    greedy flag fails here)."""
+        samples again from the graph's logits, and a forced row decoding one token a step takes
+    its given token. Either
+        way the tokens and log-probs are the eager engine's (a graph whose draw ignored the
+        greedy flag fails here)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     kinds = {
         "raw and greedy rows (drawn in the graph)": [SP, greedy],
@@ -88,7 +90,10 @@ def draws_match_for_every_kind_of_row(eager: LocalEngine, compiled: LocalEngine,
         reqs = [
             GenerationRequest(p, params[i % len(params)], seed=i) for i, p in enumerate(PROMPTS)
         ]
-        reqs[1] = GenerationRequest(PROMPTS[1], SP, forced_ids=[5, 6, 7, 8, 9, 10, 11, 12])
+        # a stop string (never met) keeps the forced tokens out of the prefill: they are
+        # taken one decode step at a time, through the graph
+        forced_sp = SamplingParams(max_new_tokens=12, stop=["zz"])
+        reqs[1] = GenerationRequest(PROMPTS[1], forced_sp, forced_ids=[5, 6, 7, 8, 9, 10, 11, 12])
         before = len(calls)
         want, got = eager.generate(reqs), compiled.generate(reqs)
         assert len(calls) - before >= 20, kind

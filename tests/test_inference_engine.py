@@ -351,19 +351,18 @@ def test_agenerate_equals_generate(llama):
     assert engine.stats.slot_refills >= 3
 
 
-def test_fallback_on_gpt2_matches_hf_generate():
+def tiny_gpt2() -> GPT2LMHeadModel:
+    """A model outside the Llama family: the engine's per-slot fallback runs it."""
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=V,
-            n_embd=32,
-            n_layer=2,
-            n_head=2,
-            n_positions=128,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    ).eval()
+    cfg = GPT2Config(
+        vocab_size=V, n_embd=32, n_layer=2, n_head=2, n_positions=128,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def test_fallback_on_gpt2_matches_hf_generate():
+    model = tiny_gpt2()
     engine = LocalEngine(model, decode_slots=2)
     assert not engine.fast_path
     lengths = [6, 3, 8, 5]
@@ -396,20 +395,59 @@ def test_a_forced_request_returns_its_tokens_with_their_sampling_logprobs(
     llama, params: SamplingParams
 ) -> None:
     """Teacher forcing (GenerationRequest.forced_ids), as the likelihood gate scores a
-    reference answer: the given tokens, their exact sampling log-probs, the version."""
+    reference answer: the given tokens, their exact sampling log-probs, the version, all
+    in the one step that admits the request."""
     prompt, forced = [1, 2, 3, 4], [5, 9, 9, 2]
     engine = LocalEngine(llama, decode_slots=4, version=3)
     plain = GenerationRequest([7, 8, 9], params, seed=11)
     alone = engine.generate([plain])[0]
-    out, beside = engine.generate([GenerationRequest(prompt, params, 0, forced), plain])
+    (out,) = engine.generate([GenerationRequest(prompt, params, 0, forced)])
     assert out.token_ids == forced and out.versions == [3] * 4 and out.finish_reason == "length"
     want = full_logprobs(llama, prompt, forced, params)
     torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-5, rtol=0)
-    # a forced row in the batch changes nothing for the others (same tokens as alone)
+    # one prefill step each, and the sampled request decodes its tokens after the first
+    assert engine.stats.prefill_steps == 2 and engine.stats.decode_steps == len(alone.token_ids) - 1
+    # beside a sampled request, sharing its prefix: the same scores, and nothing changes
+    # for the other request (same tokens as alone)
+    shared = [7, 8, 9, 4]
+    again, beside = engine.generate([GenerationRequest(shared, params, 0, forced), plain])
+    assert again.token_ids == forced
+    want = full_logprobs(llama, shared, forced, params)
+    torch.testing.assert_close(torch.tensor(again.logprobs), want, atol=1e-5, rtol=0)
     assert beside.token_ids == alone.token_ids and beside.logprobs == pytest.approx(alone.logprobs)
     # an empty forced continuation ends at once, like max_new_tokens=0
     (empty,) = engine.generate([GenerationRequest(prompt, params, 0, [])])
     assert empty.token_ids == [] and empty.finish_reason == "length"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_forced_tokens_end_where_one_at_a_time_decoding_would(llama, fast: bool) -> None:
+    """The forced tokens scored in the prefill stop where a sampled sequence would: at
+    max_new_tokens, at max_seq_len, at a stop token (finish 'stop'). With a stop string the
+    engine takes them one step at a time; every case scores like a full forward."""
+    model = llama if fast else tiny_gpt2()
+    params = SamplingParams(max_new_tokens=6)
+    prompt, forced = [1, 2, 3, 4], [5, 9, 7, 9, 2, 6]
+    cases = [
+        (params, 64, forced, "length", 1),
+        (SamplingParams(max_new_tokens=3), 64, forced[:3], "length", 1),
+        (params, 7, forced[:3], "length", 1),  # prompt 4 + 3 tokens = max_seq_len
+        (SamplingParams(max_new_tokens=6, stop_token_ids=[7]), 64, forced[:3], "stop", 1),
+        (
+            SamplingParams(max_new_tokens=6, stop=["h"]),
+            64,
+            forced[:3],
+            "stop",
+            3,
+        ),  # 7 decodes as "h"
+    ]
+    for sp, max_len, tokens, reason, steps in cases:
+        engine = LocalEngine(model, CharTokenizer(), decode_slots=2, max_seq_len=max_len)
+        (out,) = engine.generate([GenerationRequest(prompt, sp, 0, forced)])
+        assert (out.token_ids, out.finish_reason) == (tokens, reason), sp
+        assert engine.stats.prefill_steps + engine.stats.decode_steps == steps
+        want = full_logprobs(model, prompt, tokens, params)
+        torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-5, rtol=0)
 
 
 def test_staged_weights_wait_for_the_engine_thread(llama):

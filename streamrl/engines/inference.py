@@ -10,8 +10,11 @@ One scheduler step (:meth:`LocalEngine._step`) is the unit everything hangs on:
 4. sample every row (:mod:`streamrl.engines.sampling`) and record token,
    behaviour log-prob and weight version; finished sequences release their
    slot, which the next step's admission refills. A request with ``forced_ids``
-   (scoring a known continuation) takes its given token instead, with that
-   token's log-prob under the same sampling distribution.
+   (scoring a known continuation) takes its given tokens instead, each with its
+   log-prob under the same sampling distribution. Its prefill feeds the forced
+   tokens too, so the whole continuation is scored in the step that admits it
+   (:meth:`LocalEngine._scored_in_prefill`); a forced token that a stop string could
+   end on is instead taken one step at a time, like a sampled one.
 
 Steps are serialised by a lock and are the only place the model runs, so a
 weight update lands exactly between two tokens: a sequence in flight keeps its
@@ -83,6 +86,13 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     stop_window: int = 0  # tokens to decode when checking stop strings (0 = none)
+    scored: int = 0  # forced tokens scored in the prefill, before the last (its own row)
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """What the admitting step feeds: the prompt, then the forced tokens it scores."""
+        forced = self.request.forced_ids or []
+        return self.request.prompt_ids + forced[: self.scored]
 
 
 class LocalEngine(WeightStaging):
@@ -399,12 +409,15 @@ class LocalEngine(WeightStaging):
             prefills = self._plan_prefills(decoding, admitted)
             logits = self.runner.step(
                 [q.slot for q in decoding], self._next_tok, prefills
-            )  # (len(seqs), V)
+            )  # (len(seqs) + scored rows, V)
             drawn = False
             if admitted:
                 self.stats.prefill_steps += 1
                 self.stats.prefill_tokens += sum(len(f.prompt) - f.shared for f in prefills)
                 self.stats.prefix_tokens_reused += sum(f.shared for f in prefills)
+            if len(logits) > len(seqs):  # forced tokens scored in their prefill
+                self._record_scored(admitted, logits[len(seqs) :])
+                logits = logits[: len(seqs)]
         # per-row sampling state gathered by slot (tiny tensors, one index op each)
         scores = logits
         if not raw:
@@ -428,6 +441,40 @@ class LocalEngine(WeightStaging):
         for q, tok, lp in zip(seqs, tokens.tolist(), token_lp.tolist(), strict=True):
             self._record(q, tok, lp)
 
+    def _record_scored(self, admitted: list[_Seq], logits: torch.Tensor) -> None:
+        """Records the forced tokens scored in their prefill (``logits``: one row per
+        token, in admission order), before the step takes each one's last forced token
+        from its last prompt row as usual."""
+        scored = [q for q in admitted if q.scored]
+        slots = [q.slot for q in scored for _ in range(q.scored)]
+        slot_t = torch.tensor(slots, device=self.device)
+        if not all(self._raw[s] for s in slots):
+            logits = sampling_logits(
+                logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t]
+            )
+        want = [t for q in scored for t in q.request.forced_ids[: q.scored]]  # type: ignore[index]
+        want_t = torch.tensor(want, device=self.device)
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
+        lps = iter(lp.tolist())
+        for q in scored:
+            for tok in q.request.forced_ids[: q.scored]:  # type: ignore[index]
+                self._record(q, tok, next(lps))  # never the last: no release here
+
+    def _scored_in_prefill(self, q: _Seq) -> int:
+        """How many of ``q``'s forced tokens its prefill scores before its last row.
+
+        The forced tokens are those the one-token-at-a-time path would take: up to
+        ``max_new_tokens``, the engine's ``max_seq_len``, and the first stop token.
+        Stop strings end on decoded text, so a request with them is not scored ahead.
+        """
+        forced, p = q.request.forced_ids, q.request.params
+        if not forced or p.stop:
+            return 0
+        n = min(len(forced), p.max_new_tokens, self.max_seq_len - len(q.request.prompt_ids))
+        stops = set(p.stop_token_ids)
+        n = next((i + 1 for i, t in enumerate(forced[:n]) if t in stops), n)
+        return max(n - 1, 0)
+
     def _plan_prefills(self, decoding: list[_Seq], admitted: list[_Seq]) -> list[Prefill]:
         """Finds, for each new prompt, the slot sharing its longest prefix.
 
@@ -437,18 +484,19 @@ class LocalEngine(WeightStaging):
         computed, since its logits give the first sampled token.
         """
         if not getattr(self.runner, "shares_prefixes", False):
-            return [Prefill(q.slot, q.request.prompt_ids) for q in admitted]
+            return [Prefill(q.slot, q.prefill_ids, scored=q.scored) for q in admitted]
         known = [(q.slot, q.request.prompt_ids + q.token_ids[:-1]) for q in decoding]
         plans = []
         for q in admitted:
-            prompt = q.request.prompt_ids
+            prompt = q.prefill_ids
             best, src = 0, -1
             for slot, toks in known:
                 if toks and toks[0] == prompt[0]:
                     shared = _common_prefix_len(prompt, toks)
                     if shared > best:
                         best, src = shared, slot
-            plans.append(Prefill(q.slot, prompt, src, min(best, len(prompt) - 1)))
+            shared = min(best, len(prompt) - 1 - q.scored)  # scored positions are computed
+            plans.append(Prefill(q.slot, prompt, src, shared, q.scored))
             known.append((q.slot, prompt))
         return plans
 
@@ -466,6 +514,7 @@ class LocalEngine(WeightStaging):
                     self._finish(seq, "length")  # no room for a single token
                     continue
                 seq.slot = heapq.heappop(self._free)
+                seq.scored = self._scored_in_prefill(seq)
                 admitted.append(seq)
         for seq in admitted:
             s, p = seq.slot, seq.request.params

@@ -57,12 +57,16 @@ ATTN_IMPL = "streamrl_slots"
 @dataclass
 class Prefill:
     """A newly admitted prompt: goes to ``slot``; its first ``shared`` tokens' KV
-    is copied from ``source`` (a slot holding the same prefix) instead of computed."""
+    is copied from ``source`` (a slot holding the same prefix) instead of computed.
+    ``scored`` > 0 asks for the next-token logits of the ``scored`` positions before the
+    last one as well (a teacher-forced continuation scored in the prompt's own forward);
+    they must be computed, so ``shared`` is at most ``len(prompt) - 1 - scored``."""
 
     slot: int
     prompt: list[int]
     source: int = -1
     shared: int = 0
+    scored: int = 0
 
 
 def slot_attention(
@@ -338,12 +342,13 @@ class LlamaSlotRunner:
         tokens:       (S,) long, last sampled token of every slot
         prefills:     newly admitted requests, in admission order (a prefix source
                       admitted in the same step comes first)
-        returns:      (len(decode_slots) + len(prefills), V) float32 next-token logits,
-                      decode rows first, then one row per prompt (its last position)
+        returns:      (len(decode_slots) + len(prefills) + sum(scored), V) float32
+                      next-token logits: decode rows first, then one row per prompt (its
+                      last position), then each prompt's ``scored`` rows, in order
         """
         n = decode_slots[-1] + 1 if decode_slots else 0
-        ids, pos, last = self._layout(n, tokens, prefills)
-        rows = torch.tensor(decode_slots + last, device=self.device)
+        ids, pos, last, scored = self._layout(n, tokens, prefills)
+        rows = torch.tensor(decode_slots + last + scored, device=self.device)
         with self._sdpa():  # the head on the sampled rows only
             logits = self._logits(ids, pos, rows)
         self._advance(n, prefills)
@@ -409,9 +414,9 @@ class LlamaSlotRunner:
 
     def _layout(
         self, n: int, tokens: torch.Tensor, prefills: list[Prefill]
-    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Sets the cache's step plan; returns flat ids (1, T), positions (1, T) and
-        the flat index of each prompt's last computed token."""
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+        """Sets the cache's step plan; returns flat ids (1, T), positions (1, T), the
+        flat index of each prompt's last computed token, and those of its scored ones."""
         kv_len = self._kv_len(n)
         self._ensure_capacity(max([kv_len] + [len(f.prompt) + 1 for f in prefills]))
         c = self.cache
@@ -421,9 +426,11 @@ class LlamaSlotRunner:
             self._decode_layout(n, kv_len)
             ids.append(tokens[:n])
             pos.append(c.pos)
-        off, flat_ids, flat_pos, last = n, [], [], []
+        off, flat_ids, flat_pos, last, scored = n, [], [], [], []
         for f in prefills:
             p, shared = len(f.prompt), f.shared
+            if shared > p - 1 - f.scored:
+                raise ValueError(f"a scored prefill shares {shared} of its {p} tokens")
             c.prefills.append((f.slot, off, p, f.source, shared))
             mask = torch.ones((p - shared, p), dtype=torch.bool).tril(shared) if shared else None
             c.prefix_masks.append(None if mask is None else mask.to(self.device))
@@ -431,10 +438,11 @@ class LlamaSlotRunner:
             flat_pos += range(shared, p)
             off += p - shared
             last.append(off - 1)
+            scored += range(off - 1 - f.scored, off - 1)
         if prefills:
             ids.append(torch.tensor(flat_ids, dtype=torch.long).to(self.device))
             pos.append(torch.tensor(flat_pos, dtype=torch.long).to(self.device))
-        return torch.cat(ids)[None], torch.cat(pos)[None], last
+        return torch.cat(ids)[None], torch.cat(pos)[None], last, scored
 
     def _decode_layout(self, n: int, kv_len: int) -> None:
         """The plan of decode rows [0:n]: each slot writes its new key at its own length and
@@ -525,10 +533,11 @@ class HFCacheRunner:
         self.device = next(model.parameters()).device
         self.caches: list[Any] = [None] * num_slots
 
-    def _run(self, ids: list[int], cache: Any) -> tuple[torch.Tensor, Any]:
+    def _run(self, ids: list[int], cache: Any, rows: int = 1) -> tuple[torch.Tensor, Any]:
+        """The next-token logits of the last ``rows`` positions (rows, V), and the cache."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, past_key_values=cache, use_cache=True)
-        return out.logits[0, -1].float(), out.past_key_values
+        return out.logits[0, -rows:].float(), out.past_key_values
 
     shares_prefixes = False
 
@@ -536,15 +545,16 @@ class HFCacheRunner:
         self, decode_slots: list[int], tokens: torch.Tensor, prefills: list[Prefill]
     ) -> torch.Tensor:
         """Same contract as :meth:`LlamaSlotRunner.step` (prefix sharing not supported)."""
-        rows = []
+        rows, scored = [], []
         last = tokens.tolist()
         for s in decode_slots:
             logits, self.caches[s] = self._run([last[s]], self.caches[s])
             rows.append(logits)
         for f in prefills:
-            logits, self.caches[f.slot] = self._run(f.prompt, None)
-            rows.append(logits)
-        return torch.stack(rows)
+            logits, self.caches[f.slot] = self._run(f.prompt, None, 1 + f.scored)
+            rows.append(logits[-1:])
+            scored.append(logits[:-1])
+        return torch.cat(rows + scored)
 
     def weights_loaded(self, names: Iterable[str], executor: Executor | None = None) -> None:
         pass
