@@ -22,7 +22,8 @@ class SelectionConfig(_Section):
         "when its posterior P(all group_size outcomes equal) exceeds selection.threshold; "
         "'likelihood': before generating a group, score the reference answer under the current "
         "policy (p) and skip the item when p^G, a lower bound on P(all G correct), exceeds "
-        "selection.threshold; counted as stream/filtered/predicted_all_correct.",
+        "selection.threshold; counted as stream/filtered/predicted_all_correct (and see "
+        "selection.skip_all_wrong).",
     )
     prior_alpha: float = Field(
         1.0, gt=0, description="Beta prior's alpha (pseudo-successes) of every prompt."
@@ -44,6 +45,13 @@ class SelectionConfig(_Section):
         le=1,
         description="Evidence k trainer steps old weighs decay^k (the policy improves): a "
         "skipped prompt drifts back to the prior and is tried again; 1 = never forget.",
+    )
+    skip_all_wrong: bool = Field(
+        False,
+        description="likelihood: also skip an item when (1-p)^G exceeds selection.threshold "
+        "(counted as stream/filtered/predicted_all_wrong). p is a lower bound on the success "
+        "rate, so (1-p)^G over-states P(all G wrong): use it only where the reference is the "
+        "one accepted form of the answer (exact-match tasks taught by SFT).",
     )
     success_threshold: float = Field(
         0.5, description="A sample counts as a success when its reward is above this."

@@ -210,6 +210,11 @@ def check_selection(cfg: Config) -> None:
     """Prompt selection's threshold lies above the prior's own P(all equal): otherwise a
     prompt seen once could never come back, however far its evidence decayed."""
     sel = cfg.selection
+    if sel.skip_all_wrong and sel.kind != "likelihood":
+        raise PreflightError(
+            f"selection.skip_all_wrong=true needs selection.kind=likelihood (got {sel.kind!r}): "
+            "only the likelihood gate predicts all-wrong groups"
+        )
     if sel.kind == "none":
         return
     if cfg.endpoint.enabled:

@@ -161,8 +161,11 @@ async def rollout_group(
         except Exception as e:  # a scoring failure is recorded, like an episode's
             return _failed(item.index, "selection_error", e)
         if skipped is not None:
-            detail = f"predicted P(all {group_size} correct) >= {skipped:.4f}"
-            return GroupRejected(item.index, "filtered", "predicted_all_correct", detail)
+            side, p = skipped
+            detail = f"predicted P(all {group_size} {side}) " + (
+                f">= {p:.4f}" if side == "correct" else f"<= {p:.4f}"
+            )
+            return GroupRejected(item.index, "filtered", f"predicted_all_{side}", detail)
     coros = [episode(engine, item, sampling_seed(seed, item.index, j)) for j in range(group_size)]
     coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
     results = await asyncio.gather(*coros, return_exceptions=True)

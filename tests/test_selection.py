@@ -256,3 +256,27 @@ def test_bad_selection_values_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(PreflightError, match=r"selection\.threshold=0\.2 must be above 0\.2222"):
         check_selection(cfg)
     check_selection(load_config(None, ["selection.kind=posterior"]))
+
+
+def test_the_books_report_the_mean_reward_of_the_groups_dropped_for_equal_rewards() -> None:
+    """What selection could save: of the groups dynamic sampling dropped, the mean reward
+    (0/1 rewards: the share that were all correct), over the whole run; other filtered or
+    failed groups and consumed ones do not count."""
+    from streamrl.backends.books import PoolBooks
+
+    books = PoolBooks()
+
+    def dropped(rewards: tuple[float, ...], reason: str = "zero_reward_std") -> GroupRejected:
+        return GroupRejected(0, "filtered", reason, "", sum(rewards), len(rewards), {}, rewards)
+
+    books._add_rollout_stats(dropped((1.0,) * 4))
+    books._add_rollout_stats(dropped((0.0,) * 4))
+    books._add_rollout_stats(dropped((1.0,) * 4))
+    books._add_rollout_stats(dropped((0.0, 1.0), reason="episode_rejected"))
+    books._add_rollout_stats(GroupDone(1, (), 3.0, 4, {}, (1.0, 1.0, 1.0, 0.0)))
+    first = books.pop_rollout_stats()
+    assert first["rollout/equal_reward_groups_reward_mean"] == pytest.approx(2 / 3)
+    assert first["rollout/reward_mean"] == pytest.approx(12 / 18)
+    books._add_rollout_stats(dropped((0.5,) * 2))  # cumulative: (1 + 0 + 1 + 0.5) / 4
+    assert books.pop_rollout_stats()["rollout/equal_reward_groups_reward_mean"] == 0.625
+    assert PoolBooks().pop_rollout_stats() == {}

@@ -105,6 +105,20 @@ def test_a_skipped_item_is_never_generated_and_is_counted_as_filtered() -> None:
     report = asyncio.run(rollout_group(ignoring, episode, algorithm, item, 4, 0, _gate(tok, 0.5)))
     assert (report.outcome, report.reason) == ("failed", "selection_error:RuntimeError")
     assert "ignored forced_ids" in report.detail
+    # an unlikely reference: p_hat = e^-4, (1 - p_hat)^4 = 0.9287; skipped only when asked
+    unlikely = _ScoringEngine(-2.0)
+    report = asyncio.run(rollout_group(unlikely, generated, algorithm, item, 4, 0, _gate(tok)))
+    assert (report.outcome, report.reason) == ("failed", "episode_error:RuntimeError")
+    both = _gate(tok, 0.9)
+    both.skip_all_wrong = True
+    report = asyncio.run(rollout_group(_ScoringEngine(-2.0), episode, algorithm, item, 4, 0, both))
+    assert (report.outcome, report.reason) == ("filtered", "predicted_all_wrong")
+    assert report.detail == "predicted P(all 4 wrong) <= 0.9287"
+    both.threshold = 0.93  # (1 - e^-4)^4 = 0.92873 is not above it: generated
+    report = asyncio.run(
+        rollout_group(_ScoringEngine(-2.0), generated, algorithm, item, 4, 0, both)
+    )
+    assert report.reason == "episode_error:RuntimeError"
     broken = _ScoringEngine(None)  # a scoring failure is a recorded failure, not a skip
     report = asyncio.run(rollout_group(broken, episode, algorithm, item, 4, 0, _gate(tok)))
     assert (report.outcome, report.reason) == ("failed", "selection_error:RuntimeError")
@@ -119,6 +133,10 @@ def test_likelihood_selection_needs_single_turn_episodes() -> None:
     with pytest.raises(PreflightError, match=r"rollout\.ignore_eos=true samples past EOS"):
         check_selection(cfg)
     check_selection(load_config(None, ["selection.kind=likelihood", "selection.threshold=0.1"]))
+    for kind in ("none", "posterior"):  # only the gate predicts all-wrong groups
+        cfg = load_config(None, [f"selection.kind={kind}", "selection.skip_all_wrong=true"])
+        with pytest.raises(PreflightError, match=r"skip_all_wrong=true needs selection\.kind"):
+            check_selection(cfg)
 
 
 def _run_cfg(tmp_path: Path, name: str, *extra: str):

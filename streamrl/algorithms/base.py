@@ -62,6 +62,9 @@ class Filtered:
     reason: str
 
 
+EQUAL_REWARDS = "zero_reward_std"  # dynamic sampling's reason: every sample scored the same
+
+
 class Algorithm:
     """Base class. Subclasses override what they need; see the module docstring."""
 

@@ -13,7 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from streamrl.algorithms.advantages import broadcast_to_tokens
-from streamrl.algorithms.base import DEFAULT, Algorithm, Filtered, Timer, register_algorithm
+from streamrl.algorithms.base import (
+    DEFAULT,
+    EQUAL_REWARDS,
+    Algorithm,
+    Filtered,
+    Timer,
+    register_algorithm,
+)
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
 from streamrl.algorithms.registry import advantage_names, get_advantage
 from streamrl.types import Batch, Trajectory
@@ -72,7 +79,7 @@ class PolicyGradient(Algorithm):
         self, samples: list[Trajectory], extras: dict[str, Trajectory]
     ) -> list[Trajectory] | Filtered:
         if self.cfg.algorithm.dynamic_sampling and zero_variance(samples):
-            return Filtered("zero_reward_std")
+            return Filtered(EQUAL_REWARDS)
         return samples
 
     def setup(self, trainer: Any, tokenizer: Any) -> None:

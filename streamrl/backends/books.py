@@ -17,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.data.selection import PromptSelector
 from streamrl.messages import GroupDone, GroupRejected
 
@@ -43,6 +44,7 @@ class PoolBooks:
         self.sync_latency: dict[int, float] = {}  # version -> seconds until all loaded
         self.publish_s: dict[int, float] = {}
         self._reward_sum, self._reward_n = 0.0, 0
+        self._equal_groups, self._equal_reward = 0, 0.0  # dropped for equal rewards, the run's
         self._episode_metrics: Counter[str] = Counter()  # summed episode metrics
         self.selector: PromptSelector | None = None  # prompt selection, where items are drawn
 
@@ -76,6 +78,9 @@ class PoolBooks:
             self._reward_sum += msg.reward_sum
             self._reward_n += msg.scored
             self._episode_metrics.update(msg.episode_metrics)
+            if isinstance(msg, GroupRejected) and msg.reason == EQUAL_REWARDS and msg.scored:
+                self._equal_groups += 1
+                self._equal_reward += msg.reward_sum / msg.scored
 
     def selection_metrics(self) -> dict[str, float]:
         """``selection/*`` counters of prompt selection (none without a selector)."""
@@ -88,9 +93,13 @@ class PoolBooks:
     def pop_rollout_stats(self) -> dict[str, float]:
         """Since the last call: the mean reward of every scored sample (filtered ones
         too), and the mean per episode of each metric episodes report (``agent/turns``,
-        ``tools/errors/<kind>``, ...; an episode that did not report one counts 0)."""
+        ``tools/errors/<kind>``, ...; an episode that did not report one counts 0). Over
+        the whole run: ``rollout/equal_reward_groups_reward_mean``, the mean reward of the
+        groups dropped for equal rewards (0/1 rewards: the share that were all correct;
+        prompt selection can only predict those, see ``selection.*``)."""
         with self._stats_lock:
             total, n = self._reward_sum, self._reward_n
+            equal_n, equal_reward = self._equal_groups, self._equal_reward
             sums = dict(self._episode_metrics)
             self._reward_sum, self._reward_n = 0.0, 0
             self._episode_metrics.clear()
@@ -98,4 +107,6 @@ class PoolBooks:
         out = {k: float(v) / episodes for k, v in sums.items()} if episodes else {}
         if n:
             out.update({"rollout/reward_mean": total / n, "rollout/samples": n})
+        if equal_n:
+            out["rollout/equal_reward_groups_reward_mean"] = equal_reward / equal_n
         return out

@@ -236,10 +236,12 @@ class RolloutPool(PoolBooks):
                 if isinstance(msg, GroupDone):
                     self.stream.put(Group(msg.item_index, -1, list(msg.trajectories)))
                     continue
-                if msg.detail:
-                    self.log.error(
-                        "item %d %s (%s): %s", msg.item_index, msg.outcome, msg.reason, msg.detail
-                    )
+                if msg.detail:  # a failure is an error; a filtered item only says why
+                    level = logging.ERROR if msg.outcome == "failed" else logging.DEBUG
+                    self.log.log(
+                        level, "item %d %s (%s): %s", msg.item_index, msg.outcome, msg.reason,
+                        msg.detail,
+                    )  # fmt: skip
                 self._items.pop(msg.item_index, None)
                 self.stream.reject(msg.item_index, msg.outcome, msg.reason)
             else:

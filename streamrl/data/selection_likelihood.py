@@ -5,7 +5,7 @@ seen, and on the main job about 80% of the draws are first draws. This gate need
 history: right before a group is generated, the rollout worker asks its engine, at the
 weights it is about to sample with, for the probability of the item's reference answer
 (the SFT demonstration: answer + EOS), teacher-forced under the run's sampling
-distribution. That one short sequence costs about 1/G of the group it may save.
+distribution. Scoring it costs far less than the group it may save (below).
 
     p_hat = P(the policy samples exactly the reference)
     P_hat(all correct) = p_hat^G
@@ -20,13 +20,18 @@ skipped item is reported as ``filtered: predicted_all_correct`` (never generated
 the books still balance; a policy that has mastered every prompt makes the pool score
 and skip item after item, as dynamic sampling would generate and drop them, only cheaper.
 
-When it pays. The scoring request is one teacher-forced sequence as long as the
-reference (its prompt is shared with the group's by the engine's prefix reuse), so it
-costs about 1/G of a group on a direct-answer task and far less when completions are
-long and the reference short. It does not help when the policy reasons before answering:
-the probability of the bare reference right after the prompt is then tiny, and nothing
-is skipped (safe, and useless). On the main job it does not pay: it removes 12% of the
-dropped groups, and its scoring requests cost more decode steps than that saves
+With ``selection.skip_all_wrong`` the gate also skips an item when (1 - p_hat)^G exceeds
+the threshold (``filtered: predicted_all_wrong``). Since p_hat is a lower bound on the
+success rate, that over-states P(all wrong); it suits tasks whose reference is the one
+accepted form of the answer, as on the main job.
+
+What it costs. The engine scores a forced continuation in the step that admits it (the
+prompt and the reference in one prefill, ``LocalEngine``), usually a step that decodes
+other groups anyway, so a scored item costs a prefill row of prompt + reference and the
+worker's bookkeeping, not a decode step per reference token. It does not help when the
+policy reasons before answering: the probability of the bare reference right after the
+prompt is then tiny, and nothing is skipped (safe, and useless). On the main job, a
+threshold of 0.2 removes about half the dropped groups at equal accuracy and RL time
 (``benchmarks/results/selection.md``).
 
 ``benchmarks/bench_selection_bound.py`` measures how good ``p_hat`` is against the
@@ -53,10 +58,12 @@ class LikelihoodGate:
     sampling: SamplingParams
     group_size: int
     threshold: float
+    skip_all_wrong: bool = False
 
-    async def p_all_correct(self, engine: InferenceEngine, item: Item) -> float | None:
-        """P_hat(all G samples correct) = p_hat^G, or None when the item cannot be scored:
-        it has no reference answer, or the reference does not fit its answer budget."""
+    async def p_reference(self, engine: InferenceEngine, item: Item) -> float | None:
+        """p_hat, the policy's probability of sampling the reference, or None when the item
+        cannot be scored: it has no reference answer, or the reference does not fit its
+        answer budget."""
         if item.answer is None:
             return None
         target = reference_ids(self.tokenizer, item.answer)
@@ -73,16 +80,32 @@ class LikelihoodGate:
             )
         if len(result.logprobs) < len(target):  # cut by the engine's max_seq_len
             return None
-        return math.exp(self.group_size * sum(result.logprobs))
+        return math.exp(sum(result.logprobs))
 
-    async def skip(self, engine: InferenceEngine, item: Item) -> float | None:
-        """The item's P_hat(all correct) if it is to be skipped, else None (issue it)."""
-        p = await self.p_all_correct(engine, item)
-        return p if p is not None and p > self.threshold else None
+    async def p_all_correct(self, engine: InferenceEngine, item: Item) -> float | None:
+        """P_hat(all G samples correct) = p_hat^G (None: not scored, see p_reference)."""
+        p = await self.p_reference(engine, item)
+        return None if p is None else p**self.group_size
+
+    async def skip(self, engine: InferenceEngine, item: Item) -> tuple[str, float] | None:
+        """Why the item is to be skipped and the predicted probability, else None (issue
+        it): ('correct', p_hat^G) or, with ``skip_all_wrong``, ('wrong', (1-p_hat)^G)."""
+        p = await self.p_reference(engine, item)
+        if p is None:
+            return None
+        g = self.group_size
+        if p**g > self.threshold:
+            return "correct", p**g
+        if self.skip_all_wrong and (1.0 - p) ** g > self.threshold:
+            return "wrong", (1.0 - p) ** g
+        return None
 
 
 def build_gate(cfg: Any, tokenizer: Any, sampling: SamplingParams) -> LikelihoodGate | None:
     """The run's likelihood gate (None unless ``selection.kind=likelihood``)."""
     if cfg.selection.kind != "likelihood":
         return None
-    return LikelihoodGate(tokenizer, sampling, cfg.rollout.group_size, cfg.selection.threshold)
+    sel = cfg.selection
+    return LikelihoodGate(
+        tokenizer, sampling, cfg.rollout.group_size, sel.threshold, sel.skip_all_wrong
+    )
