@@ -174,7 +174,7 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
         scored.append(item.index)
         return 1.0 if item.index % 3 == 0 else 0.0
 
-    monkeypatch.setattr(LikelihoodGate, "p_all_correct", predicted)
+    monkeypatch.setattr(LikelihoodGate, "p_reference", predicted)  # p = 1 or 0
     cfg = _run_cfg(tmp_path, "lik", "sft.steps=0")
     summary = run_training(cfg).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
