@@ -31,8 +31,9 @@ other groups anyway, so a scored item costs a prefill row of prompt + reference 
 worker's bookkeeping, not a decode step per reference token. It does not help when the
 policy reasons before answering: the probability of the bare reference right after the
 prompt is then tiny, and nothing is skipped (safe, and useless). On the main job, a
-threshold of 0.2 removes about half the dropped groups at equal accuracy and RL time
-(``benchmarks/results/selection.md``).
+threshold of 0.2 with ``skip_all_wrong`` removes half to two thirds of the dropped groups
+at equal accuracy, but RL takes ~10% longer: the run is trainer-bound, and each skip is a
+round trip through the stream (``benchmarks/results/selection.md``).
 
 ``benchmarks/bench_selection_bound.py`` measures how good ``p_hat`` is against the
 outcomes of fresh groups (correlation ~0.8-0.9 with the prompt's success rate, better
