@@ -94,11 +94,11 @@ class LikelihoodGate:
         p = await self.p_reference(engine, item)
         if p is None:
             return None
-        g = self.group_size
-        if p**g > self.threshold:
-            return "correct", p**g
-        if self.skip_all_wrong and (1.0 - p) ** g > self.threshold:
-            return "wrong", (1.0 - p) ** g
+        right, wrong = p**self.group_size, (1.0 - p) ** self.group_size
+        if right > self.threshold:
+            return "correct", right
+        if self.skip_all_wrong and wrong > self.threshold:
+            return "wrong", wrong
         return None
 
 

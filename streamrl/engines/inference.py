@@ -419,23 +419,16 @@ class LocalEngine(WeightStaging):
                 self._record_scored(admitted, logits[len(seqs) :])
                 logits = logits[: len(seqs)]
         # per-row sampling state gathered by slot (tiny tensors, one index op each)
-        scores = logits
-        if not raw:
-            scores = sampling_logits(
-                logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t]
-            )
+        scores = logits if raw else self._sampling_scores(logits, slots)
         if not drawn:
             noise = counter_uniform(self._seed[slots], self._count[slots])
             tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
         forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
         if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
             rows = torch.tensor(forced, device=self.device)
-            want = torch.tensor(
-                [seqs[i].request.forced_ids[len(seqs[i].token_ids)] for i in forced],  # type: ignore[index]
-                device=self.device,
-            )
-            lp = torch.log_softmax(scores[rows].float(), dim=-1).gather(1, want[:, None])[:, 0]
-            tokens[rows], token_lp[rows] = want, lp.to(token_lp.dtype)
+            want = [seqs[i].request.forced_ids[len(seqs[i].token_ids)] for i in forced]  # type: ignore[index]
+            want_t, lp = self._forced_logprobs(scores[rows], want)
+            tokens[rows], token_lp[rows] = want_t, lp.to(token_lp.dtype)
         self._next_tok[slot_t] = tokens
         self._count[slots] += np.uint64(1)
         for q, tok, lp in zip(seqs, tokens.tolist(), token_lp.tolist(), strict=True):
@@ -447,18 +440,25 @@ class LocalEngine(WeightStaging):
         from its last prompt row as usual."""
         scored = [q for q in admitted if q.scored]
         slots = [q.slot for q in scored for _ in range(q.scored)]
-        slot_t = torch.tensor(slots, device=self.device)
         if not all(self._raw[s] for s in slots):
-            logits = sampling_logits(
-                logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t]
-            )
+            logits = self._sampling_scores(logits, slots)
         want = [t for q in scored for t in q.request.forced_ids[: q.scored]]  # type: ignore[index]
-        want_t = torch.tensor(want, device=self.device)
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
-        lps = iter(lp.tolist())
+        lps = iter(self._forced_logprobs(logits, want)[1].tolist())
         for q in scored:
             for tok in q.request.forced_ids[: q.scored]:  # type: ignore[index]
                 self._record(q, tok, next(lps))  # never the last: no release here
+
+    def _sampling_scores(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """Each row's logits under its slot's temperature, top-k and top-p."""
+        slot_t = torch.tensor(slots, device=self.device)
+        return sampling_logits(logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t])
+
+    def _forced_logprobs(
+        self, scores: torch.Tensor, want: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The given tokens (one per row of ``scores``) and their log-probs."""
+        want_t = torch.tensor(want, device=self.device)
+        return want_t, torch.log_softmax(scores.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
 
     def _scored_in_prefill(self, q: _Seq) -> int:
         """How many of ``q``'s forced tokens its prefill scores before its last row.
