@@ -22,8 +22,8 @@ class SelectionConfig(_Section):
         "when its posterior P(all group_size outcomes equal) exceeds selection.threshold; "
         "'likelihood': before generating a group, score the reference answer under the current "
         "policy (p) and skip the item when p^G, a lower bound on P(all G correct), exceeds "
-        "selection.threshold; counted as stream/filtered/predicted_all_correct (and see "
-        "selection.skip_all_wrong).",
+        "selection.threshold; counted as selection/skipped/predicted_all_correct (and see "
+        "selection.skip_all_wrong and selection.max_candidates).",
     )
     prior_alpha: float = Field(
         1.0, gt=0, description="Beta prior's alpha (pseudo-successes) of every prompt."
@@ -49,9 +49,18 @@ class SelectionConfig(_Section):
     skip_all_wrong: bool = Field(
         False,
         description="likelihood: also skip an item when (1-p)^G exceeds selection.threshold "
-        "(counted as stream/filtered/predicted_all_wrong). p is a lower bound on the success "
+        "(counted as selection/skipped/predicted_all_wrong). p is a lower bound on the success "
         "rate, so (1-p)^G over-states P(all G wrong): use it only where the reference is the "
         "one accepted form of the answer (exact-match tasks taught by SFT).",
+    )
+    max_candidates: int = Field(
+        64,
+        ge=1,
+        description="likelihood: each issued item gets up to this many candidates from the "
+        "task source, scored together in one engine step; the first the gate accepts is "
+        "generated, accepted ones after it go back to the pool. How many: enough that all "
+        "are skipped with probability <= 0.1 at the skip rate since the last weight "
+        "version. 1: one candidate per item (each skip a round trip through the stream).",
     )
     success_threshold: float = Field(
         0.5, description="A sample counts as a success when its reward is above this."

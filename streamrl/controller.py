@@ -49,7 +49,7 @@ from streamrl.checkpoint import (
     set_rng_state,
 )
 from streamrl.config import Config
-from streamrl.data.selection import build_selector
+from streamrl.data.selection import pool_selection
 from streamrl.engines.factory import is_policy, make_train_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
@@ -480,7 +480,7 @@ class Session:
             worker_timeout_s=cfg.runtime.worker_timeout_s,
             max_consecutive_failures=cfg.rollout.max_consecutive_failures,
             logger=self.run.log,
-            selector=build_selector(cfg.selection, cfg.rollout.group_size),
+            **pool_selection(cfg),
         )
 
     def rl_loop(

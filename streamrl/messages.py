@@ -5,7 +5,8 @@ and Ray's object store, and a reader matches on the type, never on a position.
 
 Commands (pool -> worker)::
 
-    StartItems(items)    one group of ``group_size`` episodes per item
+    StartItems(items)    one group of ``group_size`` episodes per item (with
+                         ``alternates``, more candidates per item for the gate)
     Pause() / Resume()   colocated placement: stop / restart decoding
     Stop()               cancel everything and return
 
@@ -21,6 +22,9 @@ Every item a worker receives is reported exactly once, as ``GroupDone`` or
 before any filtering (dynamic sampling biases consumed batches towards mixed groups).
 ``episode_metrics`` sums per-episode counters (turns, tool calls, ...) over the group;
 ``rewards`` are the ``group_size`` samples' rewards (what prompt selection learns from).
+With ``selection.kind=likelihood``, ``gate`` gives what became of each of the item's
+candidates (``chosen``, ``failed``, ``spare`` or a skip reason) and ``spares`` the
+candidates handed back to the pool (never lost).
 """
 
 from __future__ import annotations
@@ -36,6 +40,13 @@ from streamrl.types import Item, Trajectory
 @dataclass(frozen=True)
 class StartItems:
     items: tuple[Item, ...]
+    # selection.kind=likelihood: further candidates for each item (same order, unissued)
+    alternates: tuple[tuple[Item, ...], ...] = ()
+
+    def candidates(self) -> list[list[Item]]:
+        """Each item's candidates, the item first."""
+        more = self.alternates or ((),) * len(self.items)
+        return [[item, *alt] for item, alt in zip(self.items, more, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,8 @@ class GroupDone:
     scored: int
     episode_metrics: dict[str, float] = field(default_factory=dict)
     rewards: tuple[float, ...] = ()  # each sample's reward, for prompt selection
+    gate: tuple[str, ...] = ()  # the likelihood gate: each candidate's outcome
+    spares: tuple[Item, ...] = ()  # candidates handed back to the pool
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,8 @@ class GroupRejected:
     scored: int = 0
     episode_metrics: dict[str, float] = field(default_factory=dict)
     rewards: tuple[float, ...] = ()  # each sample's reward when scored (prompt selection)
+    gate: tuple[str, ...] = ()
+    spares: tuple[Item, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,8 @@ class RolloutWorker:
                     elif isinstance(cmd, StartItems):
                         # create every group before yielding to the loop, so the engine
                         # sees the whole wave at once (deterministic batching)
-                        for item in cmd.items:
-                            tasks.add(asyncio.create_task(self._run_group(item)))
+                        for candidates in cmd.candidates():
+                            tasks.add(asyncio.create_task(self._run_group(candidates)))
                     else:
                         raise TypeError(f"unknown rollout worker command {cmd!r}")
                 if tasks:
@@ -126,10 +126,12 @@ class RolloutWorker:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run_group(self, item: Item) -> None:
+    async def _run_group(self, candidates: list[Item]) -> None:
+        item, alternates = candidates[0], candidates[1:]
         report = await rollout_group(
-            self.engine, self.episode, self.algorithm, item, self.group_size, self.seed, self.gate
-        )
+            self.engine, self.episode, self.algorithm, item, self.group_size, self.seed,
+            self.gate, alternates,
+        )  # fmt: skip
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)
 
@@ -149,23 +151,36 @@ async def rollout_group(
     group_size: int,
     seed: int,
     gate: LikelihoodGate | None = None,
+    alternates: list[Item] | tuple[Item, ...] = (),
 ) -> GroupDone | GroupRejected | None:
     """Roll one item out ``group_size`` times (plus the algorithm's extra rollouts),
     score it and judge it; None if cancelled. Every other outcome is a report. A
-    ``gate`` (``selection.kind=likelihood``) may skip the item before any generation."""
-    if gate is not None:
-        try:
-            skipped = await gate.skip(engine, item)
-        except asyncio.CancelledError:
-            return None
-        except Exception as e:  # a scoring failure is recorded, like an episode's
-            return _failed(item.index, "selection_error", e)
-        if skipped is not None:
-            side, p = skipped
-            detail = f"predicted P(all {group_size} {side}) " + (
-                f">= {p:.4f}" if side == "correct" else f"<= {p:.4f}"
-            )
-            return GroupRejected(item.index, "filtered", f"predicted_all_{side}", detail)
+    ``gate`` (``selection.kind=likelihood``) first scores the item and its
+    ``alternates`` and generates the first candidate it accepts, as ``item.index``."""
+    if gate is None:
+        return await _rollout(engine, episode, algorithm, item, group_size, seed)
+    try:
+        choice = await gate.choose(engine, item.index, [item, *alternates])
+    except asyncio.CancelledError:
+        return None
+    told = {"gate": tuple(choice.outcomes), "spares": tuple(choice.spares)}
+    if choice.error is not None:  # a scoring failure is recorded, like an episode's
+        return dataclasses.replace(_failed(item.index, "selection_error", choice.error), **told)
+    if choice.item is None:
+        return GroupRejected(item.index, "filtered", choice.reason, choice.detail, **told)
+    report = await _rollout(engine, episode, algorithm, choice.item, group_size, seed)
+    return None if report is None else dataclasses.replace(report, **told)
+
+
+async def _rollout(
+    engine: InferenceEngine,
+    episode: Episode,
+    algorithm: Algorithm,
+    item: Item,
+    group_size: int,
+    seed: int,
+) -> GroupDone | GroupRejected | None:
+    """The group of ``item``, generated, scored and judged (None: cancelled)."""
     coros = [episode(engine, item, sampling_seed(seed, item.index, j)) for j in range(group_size)]
     coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
     results = await asyncio.gather(*coros, return_exceptions=True)

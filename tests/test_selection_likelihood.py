@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from streamrl import rollout
 from streamrl.algorithms import build_algorithm
 from streamrl.config import load_config
 from streamrl.controller import run_training
-from streamrl.data.selection_likelihood import LikelihoodGate
+from streamrl.data.selection_likelihood import LikelihoodGate, candidates_for
 from streamrl.engines.inference import LocalEngine
 from streamrl.messages import GroupRejected
 from streamrl.models import encode_prompt, load_model_and_tokenizer, reference_ids
@@ -166,34 +167,47 @@ def _run_cfg(tmp_path: Path, name: str, *extra: str):
 def test_a_short_run_with_likelihood_selection_keeps_the_books(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wiring through a real run (the prediction itself is tested above): every third
-    item is predicted certainly all-correct, the rest certainly not."""
-    scored: list[int] = []
+    """The wiring through a real run (the prediction itself is tested above): a problem
+    whose first operand is even is predicted certainly all-correct, the rest certainly
+    not. Only the others are generated, every skip is counted, and the books balance."""
+    decisions: list[bool] = []  # one per scored candidate: skipped?
+    generated: list[Item] = []
 
     async def predicted(self, engine, item):
-        scored.append(item.index)
-        return 1.0 if item.index % 3 == 0 else 0.0
+        decisions.append(item.metadata["operands"][0] % 2 == 0)
+        return 1.0 if decisions[-1] else 0.0
+
+    real_rollout = rollout._rollout
+
+    async def recorded(engine, episode, algorithm, item, *args):
+        generated.append(item)
+        return await real_rollout(engine, episode, algorithm, item, *args)
 
     monkeypatch.setattr(LikelihoodGate, "p_reference", predicted)  # p = 1 or 0
+    monkeypatch.setattr(rollout, "_rollout", recorded)
     cfg = _run_cfg(tmp_path, "lik", "sft.steps=0")
     summary = run_training(cfg).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
     assert summary["stream/issued"] == ended and summary["stream/consumed"] == 16
+    assert generated and all(it.metadata["operands"][0] % 2 for it in generated)
+    assert sorted(it.index for it in generated) == sorted({it.index for it in generated})
+    # counted when an item ends: those still out when the run ended are not
+    assert 0 < summary["selection/scored"] <= len(decisions)
+    assert 0 < summary["selection/skipped/predicted_all_correct"] <= sum(decisions)
+    # about half the candidates are skipped, so items get several (3 to 4)
+    rate, size = summary["selection/skip_rate"], summary["selection/candidates"]
+    assert 0.2 < rate < 0.8 and size == candidates_for(rate, 64) > 1
+    assert summary["selection/spares"] > 0
     rows = [json.loads(x) for x in (tmp_path / "lik" / "ledger.jsonl").read_text().splitlines()]
-    skipped = sorted(
-        i for r in rows for i in r.get("filtered", {}).get("predicted_all_correct", [])
-    )
     consumed = sorted(i for r in rows for i in r["consumed"])
-    assert skipped and all(i % 3 == 0 for i in skipped) and not any(i % 3 == 0 for i in consumed)
-    assert summary["stream/filtered/predicted_all_correct"] == len(skipped)
-    assert set(skipped) | set(consumed) <= set(scored)  # every item went through the gate
+    assert set(consumed) <= {it.index for it in generated}
     metrics = [json.loads(x) for x in (tmp_path / "lik" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["stream/filtered/predicted_all_correct"] == len(skipped)
+    assert metrics[-1]["selection/scored"] == summary["selection/scored"]
 
 
 def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path) -> None:
     """The decision is a pure function of the weights and the item: two η = 0 runs skip
-    exactly the same items (and a resume, whose weights are bit-exact, decides the same)."""
+    exactly the same items (a resume too: tests/test_resume.py)."""
 
     def run(name: str) -> list[dict]:
         cfg = _run_cfg(

@@ -19,6 +19,7 @@ import torch
 
 from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.data.selection import PromptSelector
+from streamrl.data.selection_likelihood import CandidateBudget
 from streamrl.messages import GroupDone, GroupRejected
 
 START_TIMEOUT_S = 180.0  # silence allowed before a (re)started worker's first report
@@ -47,6 +48,7 @@ class PoolBooks:
         self._equal_groups, self._equal_reward = 0, 0.0  # dropped for equal rewards, the run's
         self._episode_metrics: Counter[str] = Counter()  # summed episode metrics
         self.selector: PromptSelector | None = None  # prompt selection, where items are drawn
+        self.candidates: CandidateBudget | None = None  # the likelihood gate's counters
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -83,7 +85,9 @@ class PoolBooks:
                 self._equal_reward += msg.reward_sum / msg.scored
 
     def selection_metrics(self) -> dict[str, float]:
-        """``selection/*`` counters of prompt selection (none without a selector)."""
+        """``selection/*`` counters of prompt selection (none without one)."""
+        if self.candidates is not None:
+            return self.candidates.metrics()
         return self.selector.metrics() if self.selector is not None else {}
 
     def total_engine_stats(self) -> dict[str, float]:

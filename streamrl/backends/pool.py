@@ -19,7 +19,11 @@ failure; failures also reach the console, at most one line per ``WARN_EVERY_S``.
 Prompt selection (``selector``, :mod:`streamrl.data.selection`) sits where items are
 drawn for issue: a skipped item is drawn from the task source (it counts in ``drawn``,
 the source's position) but never gets an index, so it is never issued and the stream's
-books do not see it. Every backend and a resume share this one path.
+books do not see it. Every backend and a resume share this one path. The likelihood
+gate (``candidates``, :mod:`streamrl.data.selection_likelihood`) also starts here: each
+issued item goes out with further candidates drawn for it, and the candidates a worker
+hands back (spares) are drawn again, before the task source, once the trainer has
+published the next weight version.
 
 Weight publication is timed twice: ``publish_s`` is what the trainer spends
 making the weights available; ``latency_s`` runs until every live worker has
@@ -34,6 +38,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import torch
@@ -41,6 +46,7 @@ import torch
 from streamrl.backends.base import Backend, WorkerLost
 from streamrl.backends.books import START_TIMEOUT_S, EpisodesFailing, PoolBooks, WorkersUnreachable
 from streamrl.data.selection import PromptSelector
+from streamrl.data.selection_likelihood import CandidateBudget
 from streamrl.messages import (
     Command,
     GroupDone,
@@ -74,9 +80,11 @@ class RolloutPool(PoolBooks):
         interval_s: float = 0.002,
         logger: logging.Logger | None = None,
         selector: PromptSelector | None = None,
+        candidates: CandidateBudget | None = None,
     ) -> None:
         super().__init__()
         self.selector = selector  # None: every drawn item is issued
+        self.candidates = candidates  # the likelihood gate's (None: one candidate per item)
         self.backend, self.stream, self.items = backend, stream, items
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
@@ -90,6 +98,11 @@ class RolloutPool(PoolBooks):
         self._orphans: list[Item] = []  # items of dead workers, waiting for a new home
         self.drawn = 0  # items taken from the task source (its position, for resume)
         self._items: dict[int, Item] = {}  # issued and not yet ended (pruned at checkpoints)
+        self._alternates: dict[int, tuple[Item, ...]] = {}  # the gate's further candidates
+        self._respared: dict[int, int] = {}  # 1: the item is a spare drawn again
+        self._spares: deque[Item] = deque()  # handed back by the gate, drawn first
+        self._returned: list[tuple[int, tuple[Item, ...]]] = []  # spares until the next publish
+        self._latest = self._merged = -1  # the trainer's last version, and the spares' merge
         self._streak, self._streak_first = 0, ""  # failed items in a row, and the first
         self._unwarned, self._last_warn = 0, 0.0
         self._lock = threading.RLock()  # the pump's state: reports, sends, in-flight items
@@ -118,7 +131,22 @@ class RolloutPool(PoolBooks):
     def _publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.selector is not None:  # before any item can be admitted at ``version``
             self.selector.advance(version, self.stream.outstanding_indices())
+        self._latest = version  # the pump merges the spares before it admits at it
         self.backend.publish(state_dict, version)
+
+    def _merge_spares(self) -> None:
+        """After a publish (under the pump's lock): the spares handed back since the last
+        one join the draw queue, in item order, and the gate's bundle size moves."""
+        if self._merged == self._latest:
+            return
+        self._merged = self._latest
+        self._spares.extend(self._returned_items())
+        self._returned.clear()
+        if self.candidates is not None:
+            self.candidates.advance()
+
+    def _returned_items(self) -> list[Item]:
+        return [it for _, items in sorted(self._returned, key=lambda r: r[0]) for it in items]
 
     def checkpoint(self) -> tuple[dict, list[tuple[int, str, str]]]:
         """(state, ledger): the stream's books and every issued but unconsumed item, the
@@ -126,6 +154,7 @@ class RolloutPool(PoolBooks):
         taken in one atomic step with the stream's ledger of item endings since the last
         drain."""
         with self._lock:
+            self._merge_spares()
             state, ledger = self.stream.checkpoint()
             keep = set(state["outstanding"])
             self._items = {i: it for i, it in self._items.items() if i in keep}
@@ -133,6 +162,18 @@ class RolloutPool(PoolBooks):
             state.update(drawn=self.drawn, restarts=self.restarts, reissued=self.reissued)
             if self.selector is not None:
                 state["selection"] = self.selector.state_dict(outstanding=keep)
+            if self.candidates is not None:
+                self._alternates = {i: a for i, a in self._alternates.items() if i in keep}
+                self._respared = {i: n for i, n in self._respared.items() if i in keep}
+                state["candidates"] = copy.deepcopy(
+                    {
+                        "budget": self.candidates.state_dict(),
+                        "alternates": self._alternates,
+                        "respared": self._respared,
+                        # handed back since the last publish too: drawn, never to be lost
+                        "spares": [*self._spares, *self._returned_items()],
+                    }
+                )
         return state, ledger
 
     def restore(self, state: dict) -> None:
@@ -149,6 +190,12 @@ class RolloutPool(PoolBooks):
         )
         if self.selector is not None and "selection" in state:
             self.selector.load_state_dict(state["selection"])
+        if self.candidates is not None and "candidates" in state:
+            gate = state["candidates"]
+            self.candidates.load_state_dict(gate["budget"])
+            self._alternates = dict(gate["alternates"])
+            self._respared = dict(gate["respared"])
+            self._spares = deque(gate["spares"])
 
     # ------------------------------------------------------------ trainer-side calls
 
@@ -202,6 +249,7 @@ class RolloutPool(PoolBooks):
         try:
             while not self._stop.is_set():
                 with self._lock:
+                    self._merge_spares()
                     busy = self._receive()
                     self._check_workers()
                     busy |= self._dispatch()
@@ -231,6 +279,7 @@ class RolloutPool(PoolBooks):
                     continue  # a late report of an item already re-issued elsewhere
                 if self.selector is not None:  # before the stream may end the item
                     self.selector.observe(msg.item_index, item.id, msg.rewards)
+                self._gate_report(msg)
                 self._add_rollout_stats(msg)
                 self._note_failure(msg)
                 if isinstance(msg, GroupDone):
@@ -247,6 +296,16 @@ class RolloutPool(PoolBooks):
             else:
                 raise TypeError(f"unknown report {msg!r} from rollout worker {w}")
         return bool(reports)
+
+    def _gate_report(self, msg: GroupDone | GroupRejected) -> None:
+        """The likelihood gate's part of an ended item: its counters, and its spares kept
+        for the next publish."""
+        self._alternates.pop(msg.item_index, None)
+        respared = self._respared.pop(msg.item_index, 0)
+        if self.candidates is not None:
+            self.candidates.observe(msg.gate, respared)
+        if msg.spares:
+            self._returned.append((msg.item_index, msg.spares))
 
     def _note_failure(self, msg: GroupDone | GroupRejected) -> None:
         """Count failed items in a row; warn on the console (rate-limited); give up
@@ -333,22 +392,34 @@ class RolloutPool(PoolBooks):
             room = chunk - len(items)
             if room:
                 for index in self.stream.admit(self.versions[w], room, timeout=0):
+                    spare = bool(self._spares)
                     item = self._draw()
                     item.index = index
                     self._items[index] = item
+                    if spare:  # the gate accepted it last version: usually does again
+                        self._respared[index] = 1
+                    elif self.candidates is not None and self.candidates.size > 1:
+                        more = self.candidates.size - 1
+                        self._alternates[index] = tuple(self._draw_fresh() for _ in range(more))
                     items.append(item)
             if items:
                 for item in items:
                     self.inflight[w][item.index] = item
+                alternates = tuple(self._alternates.get(it.index, ()) for it in items)
+                message = StartItems(tuple(items), alternates if any(alternates) else ())
                 # on WorkerLost the items stay in inflight[w]: re-issued on replacement
                 with contextlib.suppress(WorkerLost):
-                    self.backend.send(w, StartItems(tuple(items)))
+                    self.backend.send(w, message)
                 sent = True
         return sent
 
     def _draw(self) -> Item:
-        """The next item of the task source the selector accepts (skipped ones are drawn,
+        """The next spare the gate handed back (an item of its own, no alternates), else
+        the next item of the task source the selector accepts (skipped ones are drawn,
         counted in ``selection/skipped``, and never issued)."""
+        return self._spares.popleft() if self._spares else self._draw_fresh()
+
+    def _draw_fresh(self) -> Item:
         while True:
             item = next(self.items)
             self.drawn += 1

@@ -41,6 +41,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from streamrl.data.selection_likelihood import build_candidate_budget
 from streamrl.types import Item
 
 
@@ -208,3 +209,12 @@ def build_selector(section: Any, group_size: int) -> PromptSelector | None:
         success_threshold=section.success_threshold,
         max_skips_in_a_row=section.max_skips_in_a_row,
     )
+
+
+def pool_selection(cfg: Any) -> dict[str, Any]:
+    """The rollout pool's prompt-selection arguments for the run's config: the posterior
+    ``selector`` (``kind: posterior``) or the likelihood gate's ``candidates`` budget."""
+    return {
+        "selector": build_selector(cfg.selection, cfg.rollout.group_size),
+        "candidates": build_candidate_budget(cfg),
+    }

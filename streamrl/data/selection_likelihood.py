@@ -15,25 +15,42 @@ right: "46." or a sentence ending in 46), so ``p_hat^G`` is a lower bound on the
 group is all correct, and the gate never skips on a small ``p_hat``: a policy that answers
 in another format than the reference would otherwise look all-wrong. The item is skipped
 when P_hat(all correct) > ``threshold``. The decision is a pure function of the weights
-and the item, so η = 0 stays bit-exact and a resumed run decides exactly as before. A
-skipped item is reported as ``filtered: predicted_all_correct`` (never generated), so
-the books still balance; a policy that has mastered every prompt makes the pool score
-and skip item after item, as dynamic sampling would generate and drop them, only cheaper.
+and the item: at η = 0 two runs, or a run and its resume, make the same decisions
+(``tests/test_resume.py``). Their weights agree only up to float rounding, as with
+dynamic sampling: a chosen candidate's samples reach the engine a few event-loop turns
+after its scoring step, so which engine step first batches them depends on timing. A
+skipped candidate is never generated and is counted in ``selection/skipped/<reason>``;
+an issued item whose candidates are all skipped is reported as ``filtered:
+predicted_all_correct`` (or ``_wrong``), so the books still balance. A policy that has
+mastered every prompt makes the gate skip candidate after candidate, as dynamic sampling
+would generate and drop them, only cheaper.
 
 With ``selection.skip_all_wrong`` the gate also skips an item when (1 - p_hat)^G exceeds
-the threshold (``filtered: predicted_all_wrong``). Since p_hat is a lower bound on the
+the threshold (reason ``predicted_all_wrong``). Since p_hat is a lower bound on the
 success rate, that over-states P(all wrong); it suits tasks whose reference is the one
 accepted form of the answer, as on the main job.
 
+Candidates. At a high skip rate, one candidate per issued item makes a chain: score,
+skip, report, get the next item, score... one engine step and a round trip through the
+stream per link, and late in the main job 90% of items are skipped, so a slot needed
+~15 links while the trainer waited. So the rollout pool hands each issued item a bundle
+of candidates drawn from the task source (:class:`CandidateBudget` sizes it from the
+recent skip rate), the worker scores them all in one engine step (:meth:`LikelihoodGate.
+choose`) and generates the first one the gate accepts. Candidates before it are skipped
+(counted), later ones that were skipped are dropped (counted), and later ones that were
+accepted or failed go back to the pool as *spares*, issued again (and scored again, alone:
+the gate accepted them a version ago) before any fresh draw, from the next weight version
+on. So nothing drawn is lost, every decision
+is still a pure function of (weights, item), and at η = 0 which candidates an item gets
+does not depend on timing (spares re-enter only at a publish, in item order).
+
 What it costs. The engine scores a forced continuation in the step that admits it (the
 prompt and the reference in one prefill, ``LocalEngine``), usually a step that decodes
-other groups anyway, so a scored item costs a prefill row of prompt + reference and the
-worker's bookkeeping, not a decode step per reference token. It does not help when the
+other groups anyway, so a scored candidate costs a prefill row of prompt + reference and
+the worker's bookkeeping, not a decode step per reference token. It does not help when the
 policy reasons before answering: the probability of the bare reference right after the
-prompt is then tiny, and nothing is skipped (safe, and useless). On the main job, a
-threshold of 0.2 with ``skip_all_wrong`` removes half to two thirds of the dropped groups
-at equal accuracy, but RL takes ~10% longer: the run is trainer-bound, and each skip is a
-round trip through the stream (``benchmarks/results/selection.md``).
+prompt is then tiny, and nothing is skipped (safe, and useless). Measured on the main job:
+``benchmarks/results/selection.md``.
 
 ``benchmarks/bench_selection_bound.py`` measures how good ``p_hat`` is against the
 outcomes of fresh groups (correlation ~0.8-0.9 with the prompt's success rate, better
@@ -42,8 +59,11 @@ than 32 earlier samples of the same prompt) and how much any such rule can save.
 
 from __future__ import annotations
 
+import asyncio
 import math
-from dataclasses import dataclass, replace
+import threading
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamrl.engines.base import InferenceEngine
@@ -101,6 +121,154 @@ class LikelihoodGate:
             return "wrong", wrong
         return None
 
+    async def choose(self, engine: InferenceEngine, index: int, candidates: list[Item]) -> Choice:
+        """Scores every candidate at once (one engine step) and picks, in order, the first
+        the gate accepts, as item ``index`` (see the module docstring)."""
+        results = await asyncio.gather(
+            *(self.skip(engine, c) for c in candidates), return_exceptions=True
+        )
+        if any(isinstance(r, asyncio.CancelledError) for r in results):
+            raise asyncio.CancelledError
+        choice = Choice()
+        for candidate, result in zip(candidates, results, strict=True):
+            decided = choice.item is not None or choice.error is not None
+            if isinstance(result, tuple):  # skipped, wherever it stands
+                side, p = result
+                choice.outcomes.append(f"predicted_all_{side}")
+                if not decided:
+                    bound = f">= {p:.4f}" if side == "correct" else f"<= {p:.4f}"
+                    choice.detail = f"predicted P(all {self.group_size} {side}) {bound}"
+            elif decided:  # accepted (or failed) after the choice: back to the pool
+                choice.outcomes.append("spare")
+                choice.spares.append(candidate)
+            elif isinstance(result, BaseException):  # the item fails with its scoring error
+                choice.outcomes.append("failed")
+                choice.error = result
+            else:
+                choice.outcomes.append("chosen")
+                choice.item = replace(candidate, index=index)
+        if choice.item is None and choice.error is None and len(candidates) > 1:
+            choice.detail = f"all {len(candidates)} candidates skipped; the last: {choice.detail}"
+        return choice
+
+
+@dataclass
+class Choice:
+    """What :meth:`LikelihoodGate.choose` made of an item's candidates: the one to generate
+    (None: every candidate up to the first failure was skipped), the scoring failure that
+    ends the item instead, each candidate's outcome in order (``chosen``, ``failed``,
+    ``spare`` or the skip reason ``predicted_all_correct`` / ``predicted_all_wrong``), the
+    candidates to hand back to the pool, and the last skip's explanation."""
+
+    item: Item | None = None
+    error: BaseException | None = None
+    outcomes: list[str] = field(default_factory=list)
+    spares: list[Item] = field(default_factory=list)
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        """The reason an item none of whose candidates was chosen is filtered for."""
+        return next((o for o in reversed(self.outcomes) if o.startswith("predicted")), "")
+
+
+# the chance, at the recent skip rate, that every candidate of an item is skipped
+MISS_PROBABILITY = 0.1
+
+
+def candidates_for(skip_rate: float, cap: int) -> int:
+    """How many candidates an item gets so that all are skipped with probability at most
+    ``MISS_PROBABILITY``, if each is skipped independently at ``skip_rate``: the least k
+    with skip_rate^k <= MISS_PROBABILITY, at most ``cap``.
+
+    >>> [candidates_for(r, 64) for r in (0.0, 0.1, 0.3, 0.5, 0.9, 0.93, 1.0)]
+    [1, 1, 2, 4, 22, 32, 64]
+    """
+    if skip_rate <= MISS_PROBABILITY:
+        return 1
+    if skip_rate >= 1.0:
+        return cap
+    k = math.ceil(math.log(MISS_PROBABILITY) / math.log(skip_rate) - 1e-9)
+    return max(1, min(cap, k))
+
+
+class CandidateBudget:
+    """The rollout pool's side of the gate: how many candidates each issued item gets and
+    the ``selection/*`` counters of what the workers made of them (thread-safe).
+
+    Reports are taken as they arrive (``observe``); the skip rate behind the bundle size
+    moves only at :meth:`advance`, when the trainer publishes weights, to the share of
+    candidates skipped since the previous publish. At η = 0 every item issued at a version
+    has ended before the next publish, so the sizes do not depend on timing.
+    """
+
+    def __init__(self, max_candidates: int) -> None:
+        if max_candidates < 1:
+            raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+        self.max_candidates = max_candidates
+        self.skip_rate = 0.0  # of fresh candidates, scored between the last two publishes
+        self.size = 1
+        self.scored = self.spares = self.spares_reskipped = 0
+        self.skipped: Counter[str] = Counter()
+        self._window = [0, 0]  # candidates scored, skipped since the last advance
+        self._lock = threading.Lock()
+
+    def observe(self, outcomes: list[str] | tuple[str, ...], respared: int = 0) -> None:
+        """An item ended; ``outcomes`` says what became of each of its candidates (see
+        :class:`Choice`), the first ``respared`` of which were spares drawn again. The skip
+        rate counts only the fresh ones: a spare was accepted before and mostly is again,
+        so it says little about how often a new draw is skipped."""
+        with self._lock:
+            self.scored += len(outcomes)
+            self.spares += outcomes.count("spare")
+            skips = [o for o in outcomes if o.startswith("predicted")]
+            self.skipped.update(skips)
+            self.spares_reskipped += sum(o.startswith("predicted") for o in outcomes[:respared])
+            fresh = outcomes[respared:]
+            self._window[0] += len(fresh)
+            self._window[1] += sum(o.startswith("predicted") for o in fresh)
+
+    def advance(self) -> None:
+        with self._lock:
+            scored, skipped = self._window
+            if scored:
+                self.skip_rate = skipped / scored
+                self.size = candidates_for(self.skip_rate, self.max_candidates)
+            self._window = [0, 0]
+
+    def metrics(self) -> dict[str, float]:
+        """``selection/scored`` candidates, ``selection/skipped`` (also by reason),
+        ``selection/spares`` handed back and ``selection/spares_reskipped`` (skipped when
+        drawn again), and the current ``selection/skip_rate`` of fresh candidates and
+        ``selection/candidates`` per issued item."""
+        with self._lock:
+            out = {
+                "selection/scored": float(self.scored),
+                "selection/skipped": float(sum(self.skipped.values())),
+                "selection/spares": float(self.spares),
+                "selection/spares_reskipped": float(self.spares_reskipped),
+                "selection/skip_rate": self.skip_rate,
+                "selection/candidates": float(self.size),
+            }
+            out.update({f"selection/skipped/{k}": float(v) for k, v in self.skipped.items()})
+            return out
+
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "skip_rate": self.skip_rate,
+                "size": self.size,
+                "counters": [self.scored, self.spares, self.spares_reskipped, dict(self.skipped)],
+                "window": list(self._window),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.skip_rate, self.size = state["skip_rate"], state["size"]
+            self.scored, self.spares, self.spares_reskipped, skipped = state["counters"]
+            self.skipped = Counter(skipped)
+            self._window = list(state["window"])
+
 
 def build_gate(cfg: Any, tokenizer: Any, sampling: SamplingParams) -> LikelihoodGate | None:
     """The run's likelihood gate (None unless ``selection.kind=likelihood``)."""
@@ -110,3 +278,10 @@ def build_gate(cfg: Any, tokenizer: Any, sampling: SamplingParams) -> Likelihood
     return LikelihoodGate(
         tokenizer, sampling, cfg.rollout.group_size, sel.threshold, sel.skip_all_wrong
     )
+
+
+def build_candidate_budget(cfg: Any) -> CandidateBudget | None:
+    """The pool's candidate budget (None unless ``selection.kind=likelihood``)."""
+    if cfg.selection.kind != "likelihood":
+        return None
+    return CandidateBudget(cfg.selection.max_candidates)

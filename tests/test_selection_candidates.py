@@ -1,0 +1,228 @@
+"""The likelihood gate's candidates: each issued item gets several, scored together; the
+first accepted one is generated, later accepted ones go back to the pool as spares and
+are issued again, nothing drawn is lost, and the bundle size follows the skip rate of
+fresh candidates (by hand). The gate's own prediction is tested in
+test_selection_likelihood.py."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+
+import pytest
+import torch
+
+from streamrl.algorithms import build_algorithm
+from streamrl.backends import RolloutPool
+from streamrl.config import load_config
+from streamrl.data.selection_likelihood import CandidateBudget, LikelihoodGate, candidates_for
+from streamrl.messages import StartItems, VersionReport
+from streamrl.rollout import rollout_group
+from streamrl.stream import SampleStream
+from streamrl.types import Item, SamplingParams, Trajectory
+
+
+class ScriptedGate(LikelihoodGate):
+    """p_hat by the item's id: 'e...' certainly right (skipped as all-correct at G = 4),
+    'w...' certainly wrong (skipped with skip_all_wrong), 'x...' fails to score, the rest
+    (mixed) never right."""
+
+    def __init__(self) -> None:
+        super().__init__(None, SamplingParams(temperature=1.0), 4, 0.5, skip_all_wrong=False)
+        self.scored: list[str] = []
+
+    async def p_reference(self, engine, item: Item) -> float | None:
+        self.scored.append(item.id)
+        if item.id.startswith("x"):
+            raise RuntimeError(f"cannot score {item.id}")
+        return 1.0 if item.id.startswith("e") else 0.0
+
+
+def _items(*ids: str) -> list[Item]:
+    return [Item(id=i, prompt=f"{i}=", answer="1") for i in ids]
+
+
+def test_the_first_accepted_candidate_is_chosen_and_later_accepted_ones_are_spares() -> None:
+    gate = ScriptedGate()
+    choice = asyncio.run(gate.choose(None, 7, _items("e0", "e1", "m2", "e3", "m4", "x5")))
+    assert choice.item is not None and (choice.item.id, choice.item.index) == ("m2", 7)
+    assert choice.outcomes == [
+        "predicted_all_correct",
+        "predicted_all_correct",
+        "chosen",
+        "predicted_all_correct",  # skipped after the choice: dropped, and counted
+        "spare",
+        "spare",  # a scoring failure after the choice is scored again later, not lost
+    ]
+    assert [c.id for c in choice.spares] == ["m4", "x5"] and choice.error is None
+    assert gate.scored == ["e0", "e1", "m2", "e3", "m4", "x5"]
+    # a failure before any accepted candidate ends the item, recorded; the rest go back
+    choice = asyncio.run(gate.choose(None, 8, _items("e0", "x1", "m2", "e3")))
+    assert choice.item is None and "cannot score x1" in str(choice.error)
+    assert choice.outcomes == ["predicted_all_correct", "failed", "spare", "predicted_all_correct"]
+    assert [c.id for c in choice.spares] == ["m2"]
+    # every candidate skipped: the item is filtered for the last one's reason
+    gate.skip_all_wrong = True
+    gate.p_reference = lambda engine, item: _const(0.0 if item.id.startswith("w") else 1.0)
+    choice = asyncio.run(gate.choose(None, 9, _items("e0", "w1")))
+    assert choice.item is None and choice.error is None and not choice.spares
+    assert choice.reason == "predicted_all_wrong"
+    assert choice.detail == "all 2 candidates skipped; the last: predicted P(all 4 wrong) <= 1.0000"
+
+
+async def _const(p: float) -> float:
+    return p
+
+
+def test_the_bundle_size_follows_the_skip_rate_of_fresh_candidates() -> None:
+    # the least k with rate^k <= 0.1: 0.5^4 = 0.0625 (0.5^3 = 0.125), 0.75^9 = 0.075
+    assert [candidates_for(r, 64) for r in (0.05, 0.5, 0.75, 0.99)] == [1, 4, 9, 64]
+    assert candidates_for(0.99, 16) == 16
+    budget = CandidateBudget(max_candidates=16)
+    budget.observe(["predicted_all_correct", "predicted_all_correct", "chosen", "spare"])
+    budget.observe(["chosen"], respared=1)  # a spare again: not fresh
+    budget.observe(["predicted_all_correct"], respared=1)  # a spare, now skipped
+    budget.observe(["predicted_all_wrong", "failed"])
+    assert (budget.size, budget.skip_rate) == (1, 0.0)  # moves only at a publish
+    budget.advance()  # fresh: 6 scored, 3 skipped
+    assert (budget.skip_rate, budget.size) == (0.5, 4)
+    budget.advance()  # nothing scored since: unchanged
+    assert (budget.skip_rate, budget.size) == (0.5, 4)
+    m = budget.metrics()
+    assert m["selection/scored"] == 8 and m["selection/skipped"] == 4
+    assert m["selection/skipped/predicted_all_correct"] == 3
+    assert m["selection/skipped/predicted_all_wrong"] == 1
+    assert m["selection/spares"] == 1 and m["selection/spares_reskipped"] == 1
+    again = CandidateBudget(max_candidates=16)
+    again.load_state_dict(budget.state_dict())
+    assert again.metrics() == m
+    with pytest.raises(ValueError, match="max_candidates"):
+        CandidateBudget(0)
+
+
+class GateBackend:
+    """One worker that runs the real ``rollout_group`` (gate, choice, reports) for each
+    item at once; its groups are mixed, so every generated item is consumed."""
+
+    name, num_workers, restartable = "gate", 1, False
+
+    def __init__(self) -> None:
+        self.gate, self.algorithm = ScriptedGate(), build_algorithm(load_config(None, []))
+        self.reports: list = [(0, VersionReport(0))]
+        self.lock = threading.Lock()
+        self.commands: list[StartItems] = []
+        self.generated: list[Item] = []
+        self.sent: list = []  # every report
+        self.samples = 0
+
+    async def episode(self, engine, item: Item, seed: int, greedy: bool = False) -> Trajectory:
+        if not self.generated or self.generated[-1] is not item:  # a group's first sample
+            self.generated.append(item)
+        self.samples += 1
+        one = torch.ones(1)
+        reward = float(self.samples % 2)  # half the samples right: a mixed group
+        return Trajectory(one.long(), one.bool(), one * 0, one.long() * 0, reward, item.index)
+
+    def send(self, worker: int, command) -> None:
+        if not isinstance(command, StartItems):
+            return
+        with self.lock:
+            self.commands.append(command)
+            for first, *more in command.candidates():
+                report = asyncio.run(
+                    rollout_group(None, self.episode, self.algorithm, first, 4, 0, self.gate, more)
+                )
+                self.reports.append((0, report))
+                self.sent.append((0, report))
+
+    def poll(self):
+        with self.lock:
+            out, self.reports = self.reports, []
+            return out
+
+    def start(self) -> None:
+        pass
+
+    def dead(self):
+        return {}
+
+    def restart(self, worker: int) -> None:
+        raise AssertionError("never restarted")
+
+    def publish(self, state_dict, version: int) -> None:
+        with self.lock:
+            self.reports.append((0, VersionReport(version)))
+
+    def close(self) -> None:
+        pass
+
+
+def _source():
+    for n in itertools.count():  # three easy prompts, then a mixed one; ids in draw order
+        yield Item(id=f"{'m' if n % 4 == 3 else 'e'}{n:04d}", prompt=f"{n}=", answer="1")
+
+
+def _run(steps: int) -> tuple[RolloutPool, GateBackend, SampleStream]:
+    stream = SampleStream(items_per_batch=2, max_staleness=0)
+    backend = GateBackend()
+    pool = RolloutPool(backend, stream, _source(), candidates=CandidateBudget(64))
+    pool.start()
+    try:
+        for step in range(1, steps + 1):
+            deadline = time.monotonic() + 60
+            while (groups := stream.get_batch(timeout=0.05)) is None:
+                pool.raise_if_failed()
+                assert time.monotonic() < deadline, "no batch"
+            assert len(groups) == 2
+            if step < steps:  # no publish after the last batch: nothing is outstanding
+                pool.publish({}, step)
+                stream.set_trainer_version(step)
+    finally:
+        pool.stop()
+    return pool, backend, stream
+
+
+def test_the_pool_issues_bundles_reissues_spares_and_loses_nothing() -> None:
+    pool, backend, stream = _run(steps=6)
+    stream.close()
+    stream.check_accounting()
+    s, m = stream.stats, pool.selection_metrics()
+    assert s.consumed == 12 and s.issued == s.consumed + sum(s.filtered.values())
+    generated = [it.id for it in backend.generated]
+    assert all(i.startswith("m") for i in generated) and len(set(generated)) == len(generated)
+    # version 0: one candidate per item, 6 of the 8 skipped; then ~9 per fresh item
+    # (3 in 4 fresh draws are skipped: 0.75^9 <= 0.1), a spare alone
+    assert not backend.commands[0].alternates
+    assert m["selection/candidates"] == candidates_for(m["selection/skip_rate"], 64)
+    sizes = {len(c) for cmd in backend.commands for c in cmd.candidates()}
+    assert 1 in sizes and min(sizes - {1}) >= 8 and max(sizes) <= 11
+    # nothing drawn is lost: every mixed item drawn is generated or still a spare
+    state, _ = pool.checkpoint()
+    pending = [it.id for it in state["candidates"]["spares"]]
+    drawn = [it.id for it in itertools.islice(_source(), pool.drawn)]
+    assert sorted(generated + pending) == sorted(i for i in drawn if i.startswith("m"))
+    assert m["selection/skipped"] == sum(i.startswith("e") for i in drawn)
+    assert m["selection/spares"] > 0 and m["selection/spares_reskipped"] == 0
+    assert m["selection/scored"] == len(backend.gate.scored)
+    # a spare is issued again (alone) before any fresh draw, in item order
+    handed_back = {it.id for _, r in backend.sent for it in r.spares}
+    firsts = [c[0] for cmd in backend.commands for c in cmd.candidates()]
+    respared = [it.id for it in firsts if it.id in handed_back]
+    assert respared and respared == sorted(respared)
+    assert all(
+        len(c) == 1 for cmd in backend.commands for c in cmd.candidates() if c[0].id in handed_back
+    )
+    # the checkpoint carries the budget, the spares and the bundles; a new pool goes on
+    fresh = RolloutPool(
+        GateBackend(), SampleStream(2, 0), _source(), candidates=CandidateBudget(64)
+    )
+    fresh.restore(state)
+    assert fresh.selection_metrics() == m
+    assert pending and [fresh._draw().id for _ in pending] == pending
+
+
+def test_eta0_pools_issue_the_same_bundles() -> None:
+    a, b = _run(steps=4)[1], _run(steps=4)[1]
+    assert a.commands == b.commands and a.gate.scored == b.gate.scored
