@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 
 import pytest
@@ -18,10 +17,11 @@ from streamrl.algorithms import build_algorithm
 from streamrl.backends import RolloutPool
 from streamrl.config import load_config
 from streamrl.data.selection_likelihood import CandidateBudget, LikelihoodGate, candidates_for
-from streamrl.messages import StartItems, VersionReport
+from streamrl.messages import StartItems
 from streamrl.rollout import rollout_group
 from streamrl.stream import SampleStream
 from streamrl.types import Item, SamplingParams, Trajectory
+from tests.test_selection import ScriptedBackend
 
 
 class ScriptedGate(LikelihoodGate):
@@ -102,16 +102,15 @@ def test_the_bundle_size_follows_the_skip_rate_of_fresh_candidates() -> None:
         CandidateBudget(0)
 
 
-class GateBackend:
+class GateBackend(ScriptedBackend):
     """One worker that runs the real ``rollout_group`` (gate, choice, reports) for each
     item at once; its groups are mixed, so every generated item is consumed."""
 
-    name, num_workers, restartable = "gate", 1, False
+    name = "gate"
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate, self.algorithm = ScriptedGate(), build_algorithm(load_config(None, []))
-        self.reports: list = [(0, VersionReport(0))]
-        self.lock = threading.Lock()
         self.commands: list[StartItems] = []
         self.generated: list[Item] = []
         self.sent: list = []  # every report
@@ -136,27 +135,6 @@ class GateBackend:
                 )
                 self.reports.append((0, report))
                 self.sent.append((0, report))
-
-    def poll(self):
-        with self.lock:
-            out, self.reports = self.reports, []
-            return out
-
-    def start(self) -> None:
-        pass
-
-    def dead(self):
-        return {}
-
-    def restart(self, worker: int) -> None:
-        raise AssertionError("never restarted")
-
-    def publish(self, state_dict, version: int) -> None:
-        with self.lock:
-            self.reports.append((0, VersionReport(version)))
-
-    def close(self) -> None:
-        pass
 
 
 def _source():
