@@ -40,9 +40,9 @@ choose`) and generates the first one the gate accepts. Candidates before it are 
 (counted), later ones that were skipped are dropped (counted), and later ones that were
 accepted or failed go back to the pool as *spares*, issued again (and scored again, alone:
 the gate accepted them a version ago) before any fresh draw, from the next weight version
-on. So nothing drawn is lost, every decision
-is still a pure function of (weights, item), and at η = 0 which candidates an item gets
-does not depend on timing (spares re-enter only at a publish, in item order).
+on. So nothing drawn is lost, every decision is still a pure function of (weights, item),
+and at η = 0 which candidates an item gets does not depend on timing (spares re-enter
+only at a publish, in item order).
 
 What it costs. The engine scores a forced continuation in the step that admits it (the
 prompt and the reference in one prefill, ``LocalEngine``), usually a step that decodes
@@ -198,7 +198,7 @@ class CandidateBudget:
 
     Reports are taken as they arrive (``observe``); the skip rate behind the bundle size
     moves only at :meth:`advance`, when the trainer publishes weights, to the share of
-    candidates skipped since the previous publish. At η = 0 every item issued at a version
+    fresh candidates skipped since the previous publish. At η = 0 every item issued at a version
     has ended before the next publish, so the sizes do not depend on timing.
     """
 
