@@ -69,5 +69,7 @@ class SelectionConfig(_Section):
         100,
         ge=1,
         description="After this many skips in a row the next item is issued anyway "
-        "(counted as selection/forced), so a source of only easy prompts cannot stall.",
+        "(counted as selection/forced), so a source of only easy prompts cannot stall. "
+        "likelihood: candidates skipped since any was generated; the next item is "
+        "generated without the gate.",
     )

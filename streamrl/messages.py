@@ -40,8 +40,10 @@ from streamrl.types import Item, Trajectory
 @dataclass(frozen=True)
 class StartItems:
     items: tuple[Item, ...]
-    # selection.kind=likelihood: further candidates for each item (same order, unissued)
+    # selection.kind=likelihood: further candidates for each item (same order, unissued),
+    # and the indices of items to generate without the gate (selection/forced)
     alternates: tuple[tuple[Item, ...], ...] = ()
+    forced: tuple[int, ...] = ()
 
     def candidates(self) -> list[list[Item]]:
         """Each item's candidates, the item first."""

@@ -21,7 +21,8 @@ import queue
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from streamrl.algorithms import Algorithm, Filtered
 from streamrl.data.selection_likelihood import LikelihoodGate
@@ -108,8 +109,7 @@ class RolloutWorker:
                     elif isinstance(cmd, StartItems):
                         # create every group before yielding to the loop, so the engine
                         # sees the whole wave at once (deterministic batching)
-                        for candidates in cmd.candidates():
-                            tasks.add(asyncio.create_task(self._run_group(candidates)))
+                        tasks.update(asyncio.create_task(g) for g in self.groups(cmd))
                     else:
                         raise TypeError(f"unknown rollout worker command {cmd!r}")
                 if tasks:
@@ -126,11 +126,15 @@ class RolloutWorker:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run_group(self, candidates: list[Item]) -> None:
+    def groups(self, cmd: StartItems) -> list[Coroutine[Any, Any, None]]:
+        """One coroutine per item of ``cmd``, each reporting its group through ``emit``."""
+        return [self._run_group(c, c[0].index not in cmd.forced) for c in cmd.candidates()]
+
+    async def _run_group(self, candidates: list[Item], gated: bool = True) -> None:
         item, alternates = candidates[0], candidates[1:]
         report = await rollout_group(
             self.engine, self.episode, self.algorithm, item, self.group_size, self.seed,
-            self.gate, alternates,
+            self.gate if gated else None, alternates,
         )  # fmt: skip
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)

@@ -18,7 +18,7 @@ from streamrl.backends import RolloutPool
 from streamrl.config import load_config
 from streamrl.data.selection_likelihood import CandidateBudget, LikelihoodGate, candidates_for
 from streamrl.messages import StartItems
-from streamrl.rollout import rollout_group
+from streamrl.rollout import RolloutWorker
 from streamrl.stream import SampleStream
 from streamrl.types import Item, SamplingParams, Trajectory
 from tests.test_selection import ScriptedBackend
@@ -103,18 +103,26 @@ def test_the_bundle_size_follows_the_skip_rate_of_fresh_candidates() -> None:
 
 
 class GateBackend(ScriptedBackend):
-    """One worker that runs the real ``rollout_group`` (gate, choice, reports) for each
-    item at once; its groups are mixed, so every generated item is consumed."""
+    """One worker, the real ``RolloutWorker`` (gate, choice, reports), that rolls each
+    item out at once; its groups are mixed, so every generated item is consumed."""
 
     name = "gate"
 
     def __init__(self) -> None:
         super().__init__()
-        self.gate, self.algorithm = ScriptedGate(), build_algorithm(load_config(None, []))
+        self.gate = ScriptedGate()
+        algorithm = build_algorithm(load_config(None, []))
+        self.worker = RolloutWorker(
+            None, self.episode, algorithm, self.emit, group_size=4, seed=0, gate=self.gate
+        )
         self.commands: list[StartItems] = []
         self.generated: list[Item] = []
         self.sent: list = []  # every report
         self.samples = 0
+
+    def emit(self, report) -> None:
+        self.reports.append((0, report))
+        self.sent.append((0, report))
 
     async def episode(self, engine, item: Item, seed: int, greedy: bool = False) -> Trajectory:
         if not self.generated or self.generated[-1] is not item:  # a group's first sample
@@ -129,12 +137,8 @@ class GateBackend(ScriptedBackend):
             return
         with self.lock:
             self.commands.append(command)
-            for first, *more in command.candidates():
-                report = asyncio.run(
-                    rollout_group(None, self.episode, self.algorithm, first, 4, 0, self.gate, more)
-                )
-                self.reports.append((0, report))
-                self.sent.append((0, report))
+            for group in self.worker.groups(command):
+                asyncio.run(group)
 
 
 def _source():
@@ -142,10 +146,11 @@ def _source():
         yield Item(id=f"{'m' if n % 4 == 3 else 'e'}{n:04d}", prompt=f"{n}=", answer="1")
 
 
-def _run(steps: int) -> tuple[RolloutPool, GateBackend, SampleStream]:
+def _run(steps: int, source=None, budget=None) -> tuple[RolloutPool, GateBackend, SampleStream]:
     stream = SampleStream(items_per_batch=2, max_staleness=0)
     backend = GateBackend()
-    pool = RolloutPool(backend, stream, _source(), candidates=CandidateBudget(64))
+    budget = budget or CandidateBudget(64)
+    pool = RolloutPool(backend, stream, source or _source(), candidates=budget)
     pool.start()
     try:
         for step in range(1, steps + 1):
@@ -204,3 +209,18 @@ def test_the_pool_issues_bundles_reissues_spares_and_loses_nothing() -> None:
 def test_eta0_pools_issue_the_same_bundles() -> None:
     a, b = _run(steps=4)[1], _run(steps=4)[1]
     assert a.commands == b.commands and a.gate.scored == b.gate.scored
+
+
+def test_a_gate_that_skips_everything_cannot_stall_the_run() -> None:
+    """Every candidate is predicted all-correct: after selection.max_skips_in_a_row skips
+    the next item is generated without the gate (selection/forced), so batches still come."""
+    easy = (Item(id=f"e{n:04d}", prompt=f"{n}=", answer="1") for n in itertools.count())
+    pool, backend, stream = _run(3, easy, CandidateBudget(8, max_skips_in_a_row=10))
+    stream.close()
+    stream.check_accounting()
+    m = pool.selection_metrics()
+    assert stream.stats.consumed == 6 and m["selection/forced"] >= 6
+    assert m["selection/skipped"] >= 10 * m["selection/forced"]
+    forced = [c for cmd in backend.commands for c in cmd.candidates() if c[0].index in cmd.forced]
+    assert all(len(c) == 1 for c in forced)  # generated as drawn, no alternates
+    assert {it.id for it in backend.generated} <= {c[0].id for c in forced}

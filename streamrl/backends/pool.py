@@ -100,6 +100,7 @@ class RolloutPool(PoolBooks):
         self._items: dict[int, Item] = {}  # issued and not yet ended (pruned at checkpoints)
         self._alternates: dict[int, tuple[Item, ...]] = {}  # the gate's further candidates
         self._respared: dict[int, int] = {}  # 1: the item is a spare drawn again
+        self._forced: set[int] = set()  # items the gate is not to skip (selection/forced)
         self._spares: deque[Item] = deque()  # handed back by the gate, drawn first
         self._returned: list[tuple[int, tuple[Item, ...]]] = []  # spares until the next publish
         self._latest = self._merged = -1  # the trainer's last version, and the spares' merge
@@ -165,11 +166,13 @@ class RolloutPool(PoolBooks):
             if self.candidates is not None:
                 self._alternates = {i: a for i, a in self._alternates.items() if i in keep}
                 self._respared = {i: n for i, n in self._respared.items() if i in keep}
+                self._forced &= keep
                 state["candidates"] = copy.deepcopy(
                     {
                         "budget": self.candidates.state_dict(),
                         "alternates": self._alternates,
                         "respared": self._respared,
+                        "forced": sorted(self._forced),
                         # handed back since the last publish too: drawn, never to be lost
                         "spares": [*self._spares, *self._returned_items()],
                     }
@@ -195,6 +198,7 @@ class RolloutPool(PoolBooks):
             self.candidates.load_state_dict(gate["budget"])
             self._alternates = dict(gate["alternates"])
             self._respared = dict(gate["respared"])
+            self._forced = set(gate["forced"])
             self._spares = deque(gate["spares"])
 
     # ------------------------------------------------------------ trainer-side calls
@@ -301,6 +305,7 @@ class RolloutPool(PoolBooks):
         """The likelihood gate's part of an ended item: its counters, and its spares kept
         for the next publish."""
         self._alternates.pop(msg.item_index, None)
+        self._forced.discard(msg.item_index)
         respared = self._respared.pop(msg.item_index, 0)
         if self.candidates is not None:
             self.candidates.observe(msg.gate, respared)
@@ -398,6 +403,8 @@ class RolloutPool(PoolBooks):
                     self._items[index] = item
                     if spare:  # the gate accepted it last version: usually does again
                         self._respared[index] = 1
+                    elif self.candidates is not None and self.candidates.force_next():
+                        self._forced.add(index)
                     elif self.candidates is not None and self.candidates.size > 1:
                         more = self.candidates.size - 1
                         self._alternates[index] = tuple(self._draw_fresh() for _ in range(more))
@@ -406,7 +413,8 @@ class RolloutPool(PoolBooks):
                 for item in items:
                     self.inflight[w][item.index] = item
                 alternates = tuple(self._alternates.get(it.index, ()) for it in items)
-                message = StartItems(tuple(items), alternates if any(alternates) else ())
+                forced = tuple(it.index for it in items if it.index in self._forced)
+                message = StartItems(tuple(items), alternates if any(alternates) else (), forced)
                 # on WorkerLost the items stay in inflight[w]: re-issued on replacement
                 with contextlib.suppress(WorkerLost):
                     self.backend.send(w, message)

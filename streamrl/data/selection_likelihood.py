@@ -202,10 +202,11 @@ class CandidateBudget:
     has ended before the next publish, so the sizes do not depend on timing.
     """
 
-    def __init__(self, max_candidates: int) -> None:
+    def __init__(self, max_candidates: int, max_skips_in_a_row: int = 100) -> None:
         if max_candidates < 1:
             raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
-        self.max_candidates = max_candidates
+        self.max_candidates, self.max_skips_in_a_row = max_candidates, max_skips_in_a_row
+        self.in_a_row = self.forced = 0  # candidates skipped since one was generated
         self.skip_rate = 0.0  # of fresh candidates, scored between the last two publishes
         self.size = 1
         self.scored = self.spares = self.spares_reskipped = 0
@@ -227,6 +228,20 @@ class CandidateBudget:
             fresh = outcomes[respared:]
             self._window[0] += len(fresh)
             self._window[1] += sum(o.startswith("predicted") for o in fresh)
+            self.in_a_row = 0 if "chosen" in outcomes else self.in_a_row + len(skips)
+
+    def force_next(self) -> bool:
+        """Whether the next item is to be generated without the gate: more than
+        ``max_skips_in_a_row`` candidates were skipped since any was generated, so that a
+        gate that skips everything (a mastered task, or ``skip_all_wrong`` on a policy
+        that answers in another format) cannot stall the run. Counted in
+        ``selection/forced``. The count follows the order reports arrive in, so which
+        item is forced can differ between two η = 0 runs (only where one is forced)."""
+        with self._lock:
+            if self.in_a_row < self.max_skips_in_a_row:
+                return False
+            self.in_a_row, self.forced = 0, self.forced + 1
+            return True
 
     def advance(self) -> None:
         with self._lock:
@@ -239,14 +254,16 @@ class CandidateBudget:
     def metrics(self) -> dict[str, float]:
         """``selection/scored`` candidates, ``selection/skipped`` (also by reason),
         ``selection/spares`` handed back and ``selection/spares_reskipped`` (skipped when
-        drawn again), and the current ``selection/skip_rate`` of fresh candidates and
-        ``selection/candidates`` per issued item."""
+        drawn again), ``selection/forced`` items generated without the gate (see
+        :meth:`force_next`), and the current ``selection/skip_rate`` of fresh candidates
+        and ``selection/candidates`` per issued item."""
         with self._lock:
             out = {
                 "selection/scored": float(self.scored),
                 "selection/skipped": float(sum(self.skipped.values())),
                 "selection/spares": float(self.spares),
                 "selection/spares_reskipped": float(self.spares_reskipped),
+                "selection/forced": float(self.forced),
                 "selection/skip_rate": self.skip_rate,
                 "selection/candidates": float(self.size),
             }
@@ -259,6 +276,7 @@ class CandidateBudget:
                 "skip_rate": self.skip_rate,
                 "size": self.size,
                 "counters": [self.scored, self.spares, self.spares_reskipped, dict(self.skipped)],
+                "forced": [self.in_a_row, self.forced],
                 "window": list(self._window),
             }
 
@@ -268,6 +286,7 @@ class CandidateBudget:
             self.scored, self.spares, self.spares_reskipped, skipped = state["counters"]
             self.skipped = Counter(skipped)
             self._window = list(state["window"])
+            self.in_a_row, self.forced = state["forced"]
 
 
 def build_gate(cfg: Any, tokenizer: Any, sampling: SamplingParams) -> LikelihoodGate | None:
@@ -284,4 +303,4 @@ def build_candidate_budget(cfg: Any) -> CandidateBudget | None:
     """The pool's candidate budget (None unless ``selection.kind=likelihood``)."""
     if cfg.selection.kind != "likelihood":
         return None
-    return CandidateBudget(cfg.selection.max_candidates)
+    return CandidateBudget(cfg.selection.max_candidates, cfg.selection.max_skips_in_a_row)
