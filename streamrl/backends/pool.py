@@ -99,7 +99,7 @@ class RolloutPool(PoolBooks):
         self.drawn = 0  # items taken from the task source (its position, for resume)
         self._items: dict[int, Item] = {}  # issued and not yet ended (pruned at checkpoints)
         self._alternates: dict[int, tuple[Item, ...]] = {}  # the gate's further candidates
-        self._respared: dict[int, int] = {}  # 1: the item is a spare drawn again
+        self._respared: set[int] = set()  # items that are spares drawn again
         self._forced: set[int] = set()  # items the gate is not to skip (selection/forced)
         self._spares: deque[Item] = deque()  # handed back by the gate, drawn first
         self._returned: list[tuple[int, tuple[Item, ...]]] = []  # spares until the next publish
@@ -165,13 +165,13 @@ class RolloutPool(PoolBooks):
                 state["selection"] = self.selector.state_dict(outstanding=keep)
             if self.candidates is not None:
                 self._alternates = {i: a for i, a in self._alternates.items() if i in keep}
-                self._respared = {i: n for i, n in self._respared.items() if i in keep}
+                self._respared &= keep
                 self._forced &= keep
                 state["candidates"] = copy.deepcopy(
                     {
                         "budget": self.candidates.state_dict(),
                         "alternates": self._alternates,
-                        "respared": self._respared,
+                        "respared": sorted(self._respared),
                         "forced": sorted(self._forced),
                         # handed back since the last publish too: drawn, never to be lost
                         "spares": [*self._spares, *self._returned_items()],
@@ -197,7 +197,7 @@ class RolloutPool(PoolBooks):
             gate = state["candidates"]
             self.candidates.load_state_dict(gate["budget"])
             self._alternates = dict(gate["alternates"])
-            self._respared = dict(gate["respared"])
+            self._respared = set(gate["respared"])
             self._forced = set(gate["forced"])
             self._spares = deque(gate["spares"])
 
@@ -306,7 +306,8 @@ class RolloutPool(PoolBooks):
         for the next publish."""
         self._alternates.pop(msg.item_index, None)
         self._forced.discard(msg.item_index)
-        respared = self._respared.pop(msg.item_index, 0)
+        respared = int(msg.item_index in self._respared)
+        self._respared.discard(msg.item_index)
         if self.candidates is not None:
             self.candidates.observe(msg.gate, respared)
         if msg.spares:
@@ -402,7 +403,7 @@ class RolloutPool(PoolBooks):
                     item.index = index
                     self._items[index] = item
                     if spare:  # the gate accepted it last version: usually does again
-                        self._respared[index] = 1
+                        self._respared.add(index)
                     elif self.candidates is not None and self.candidates.force_next():
                         self._forced.add(index)
                     elif self.candidates is not None and self.candidates.size > 1:
