@@ -194,15 +194,23 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
     # counted when an item ends: those still out when the run ended are not
     assert 0 < summary["selection/scored"] <= len(decisions)
     assert 0 < summary["selection/skipped/predicted_all_correct"] <= sum(decisions)
-    # about half the candidates are skipped, so items get several (3 to 4)
+    # about half the candidates are skipped over the run. The bundle size follows the
+    # skip rate of the last publish window only, which holds a handful of candidates
+    # and so varies with timing (one CI run saw 1 of 8): it is checked against the
+    # formula, and bundles of more than one must have been issued at some point.
+    skipped = summary["selection/skipped/predicted_all_correct"]
+    assert 0.2 < skipped / summary["selection/scored"] < 0.8
     rate, size = summary["selection/skip_rate"], summary["selection/candidates"]
-    assert 0.2 < rate < 0.8 and size == candidates_for(rate, 64) > 1
+    assert size == candidates_for(rate, 64)
+    metrics = [json.loads(x) for x in (tmp_path / "lik" / "metrics.jsonl").read_text().splitlines()]
+    assert max(m.get("selection/candidates", 0) for m in metrics) > 1
     assert summary["selection/spares"] > 0
     rows = [json.loads(x) for x in (tmp_path / "lik" / "ledger.jsonl").read_text().splitlines()]
     consumed = sorted(i for r in rows for i in r["consumed"])
     assert set(consumed) <= {it.index for it in generated}
-    metrics = [json.loads(x) for x in (tmp_path / "lik" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["selection/scored"] == summary["selection/scored"]
+    # the last row is taken at the last step; items still out then may end (and be
+    # counted) while the pool stops, before the summary is taken
+    assert 0 < metrics[-1]["selection/scored"] <= summary["selection/scored"]
 
 
 def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path) -> None:
