@@ -7,6 +7,8 @@ Commands (pool -> worker)::
 
     StartItems(items)    one group of ``group_size`` episodes per item (with
                          ``alternates``, more candidates per item for the gate)
+    ScoreAhead(batch, items)  the likelihood gate decides for items not yet issued
+                         (``selection.score_ahead``, sent to an idle worker)
     Pause() / Resume()   colocated placement: stop / restart decoding
     Stop()               cancel everything and return
 
@@ -15,6 +17,7 @@ Reports (worker -> pool)::
     VersionReport        the engine's weight version (also the heartbeat)
     GroupDone            an item's usable group of trajectories
     GroupRejected        an item that will not be consumed, with outcome and reason
+    ScoredAhead          what the gate decided for a ``ScoreAhead`` batch
     WorkerCrashed        the worker loop died (traceback); the backend replaces it
 
 Every item a worker receives is reported exactly once, as ``GroupDone`` or
@@ -52,6 +55,12 @@ class StartItems:
 
 
 @dataclass(frozen=True)
+class ScoreAhead:
+    batch: int  # matches the report to the command (a replaced worker's is ignored)
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True)
 class Pause:
     pass
 
@@ -66,7 +75,7 @@ class Stop:
     pass
 
 
-Command = StartItems | Pause | Resume | Stop
+Command = StartItems | ScoreAhead | Pause | Resume | Stop
 
 # ------------------------------------------------------------------ reports
 
@@ -104,11 +113,20 @@ class GroupRejected:
 
 
 @dataclass(frozen=True)
+class ScoredAhead:
+    batch: int
+    version: int  # the engine's weight version when scoring began
+    outcomes: tuple[str, ...]  # each item's: accepted, spare (not scored) or a skip reason
+    accepted: tuple[Item, ...]
+    unscored: tuple[Item, ...]  # scoring raised: scored again when issued
+
+
+@dataclass(frozen=True)
 class WorkerCrashed:
     traceback: str
 
 
-Report = VersionReport | GroupDone | GroupRejected | WorkerCrashed
+Report = VersionReport | GroupDone | GroupRejected | ScoredAhead | WorkerCrashed
 
 
 def describe(message: Any) -> str:

@@ -35,6 +35,8 @@ from streamrl.messages import (
     Pause,
     Report,
     Resume,
+    ScoreAhead,
+    ScoredAhead,
     StartItems,
     Stop,
     VersionReport,
@@ -110,6 +112,8 @@ class RolloutWorker:
                         # create every group before yielding to the loop, so the engine
                         # sees the whole wave at once (deterministic batching)
                         tasks.update(asyncio.create_task(g) for g in self.groups(cmd))
+                    elif isinstance(cmd, ScoreAhead):
+                        tasks.add(asyncio.create_task(self._score_ahead(cmd)))
                     else:
                         raise TypeError(f"unknown rollout worker command {cmd!r}")
                 if tasks:
@@ -138,6 +142,17 @@ class RolloutWorker:
         )  # fmt: skip
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)
+
+    async def _score_ahead(self, cmd: ScoreAhead) -> None:
+        if self.gate is None:
+            raise TypeError("ScoreAhead needs the likelihood gate (selection.kind=likelihood)")
+        version = self.engine.version
+        try:
+            outcomes, accepted, unscored = await self.gate.score_ahead(self.engine, list(cmd.items))
+        except asyncio.CancelledError:
+            return  # shutting down: the pool keeps the batch's items
+        report = ScoredAhead(cmd.batch, version, tuple(outcomes), tuple(accepted), tuple(unscored))
+        self.emit(report)
 
 
 def _failed(index: int, kind: str, error: BaseException) -> GroupRejected:

@@ -17,7 +17,7 @@ from streamrl.algorithms import build_algorithm
 from streamrl.backends import RolloutPool
 from streamrl.config import load_config
 from streamrl.data.selection_likelihood import CandidateBudget, LikelihoodGate, candidates_for
-from streamrl.messages import StartItems
+from streamrl.messages import ScoreAhead, StartItems, VersionReport
 from streamrl.rollout import RolloutWorker
 from streamrl.stream import SampleStream
 from streamrl.types import Item, SamplingParams, Trajectory
@@ -112,10 +112,12 @@ class GateBackend(ScriptedBackend):
         super().__init__()
         self.gate = ScriptedGate()
         algorithm = build_algorithm(load_config(None, []))
+        self.engine = type("Engine", (), {"version": 0})()  # the weight version, nothing else
         self.worker = RolloutWorker(
-            None, self.episode, algorithm, self.emit, group_size=4, seed=0, gate=self.gate
+            self.engine, self.episode, algorithm, self.emit, group_size=4, seed=0, gate=self.gate
         )
         self.commands: list[StartItems] = []
+        self.ahead: list[ScoreAhead] = []
         self.generated: list[Item] = []
         self.sent: list = []  # every report
         self.samples = 0
@@ -133,12 +135,20 @@ class GateBackend(ScriptedBackend):
         return Trajectory(one.long(), one.bool(), one * 0, one.long() * 0, reward, item.index)
 
     def send(self, worker: int, command) -> None:
-        if not isinstance(command, StartItems):
-            return
         with self.lock:
+            if isinstance(command, ScoreAhead):
+                self.ahead.append(command)
+                asyncio.run(self.worker._score_ahead(command))
+            if not isinstance(command, StartItems):
+                return
             self.commands.append(command)
             for group in self.worker.groups(command):
                 asyncio.run(group)
+
+    def publish(self, state_dict, version: int) -> None:
+        with self.lock:
+            self.engine.version = version
+            self.reports.append((0, VersionReport(version)))
 
 
 def _source():
@@ -146,11 +156,13 @@ def _source():
         yield Item(id=f"{'m' if n % 4 == 3 else 'e'}{n:04d}", prompt=f"{n}=", answer="1")
 
 
-def _run(steps: int, source=None, budget=None) -> tuple[RolloutPool, GateBackend, SampleStream]:
-    stream = SampleStream(items_per_batch=2, max_staleness=0)
+def _run(
+    steps: int, source=None, budget=None, eta: int = 0, ahead: int = 0, train_s: float = 0.0
+) -> tuple[RolloutPool, GateBackend, SampleStream]:
+    stream = SampleStream(items_per_batch=2, max_staleness=eta)
     backend = GateBackend()
     budget = budget or CandidateBudget(64)
-    pool = RolloutPool(backend, stream, source or _source(), candidates=budget)
+    pool = RolloutPool(backend, stream, source or _source(), candidates=budget, score_ahead=ahead)
     pool.start()
     try:
         for step in range(1, steps + 1):
@@ -159,6 +171,7 @@ def _run(steps: int, source=None, budget=None) -> tuple[RolloutPool, GateBackend
                 pool.raise_if_failed()
                 assert time.monotonic() < deadline, "no batch"
             assert len(groups) == 2
+            time.sleep(train_s)  # a trainer slower than generation: the worker idles
             if step < steps:  # no publish after the last batch: nothing is outstanding
                 pool.publish({}, step)
                 stream.set_trainer_version(step)
@@ -224,3 +237,53 @@ def test_a_gate_that_skips_everything_cannot_stall_the_run() -> None:
     forced = [c for cmd in backend.commands for c in cmd.candidates() if c[0].index in cmd.forced]
     assert all(len(c) == 1 for c in forced)  # generated as drawn, no alternates
     assert {it.id for it in backend.generated} <= {c[0].id for c in forced}
+
+
+def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -> None:
+    """At η = 1 the worker is idle whenever the stream is full: it scores fresh candidates
+    ahead (selection.score_ahead); the accepted ones are issued first, alone, generated
+    without scoring again; nothing drawn is lost and every candidate is scored once."""
+    pool, backend, stream = _run(steps=8, eta=1, ahead=2, train_s=0.05)
+    pool._receive()  # the reports sent after the last step (this backend works inline)
+    assert pool._scoring[0] is None and not pool.inflight[0]
+    stream.close()
+    stream.check_accounting()
+    m = pool.selection_metrics()
+    assert backend.ahead and m["selection/ahead/issued"] > 0
+    assert m["selection/ahead/scored"] == sum(len(c.items) for c in backend.ahead)
+    assert m["selection/scored"] == len(backend.gate.scored)
+    scored_ahead = {it.id for c in backend.ahead for it in c.items}
+    starts = [(c, cmd) for cmd in backend.commands for c in cmd.candidates()]
+    ungated = [c for c, cmd in starts if c[0].index in cmd.forced]
+    assert m["selection/forced"] == 0 and len(ungated) == m["selection/ahead/issued"]
+    # accepted ahead ('m' ids only), generated as they are: alone, not scored again
+    issued_ahead = [c[0].id for c in ungated]
+    assert all(i in scored_ahead and i.startswith("m") for i in issued_ahead)
+    assert all(len(c) == 1 for c in ungated)
+    assert all(backend.gate.scored.count(i) == 1 for i in issued_ahead)
+    generated = [it.id for it in backend.generated]
+    assert set(issued_ahead) <= set(generated) and len(set(generated)) == len(generated)
+    # nothing drawn is lost: every mixed item drawn is generated or held (ahead or spare)
+    state, _ = pool.checkpoint()
+    pending = [it.id for it in state["candidates"]["spares"]]
+    drawn = [it.id for it in itertools.islice(_source(), pool.drawn)]
+    assert sorted(generated + pending) == sorted(i for i in drawn if i.startswith("m"))
+    assert m["selection/skipped"] == sum(i.startswith("e") for i in drawn)
+
+
+def test_decisions_made_ahead_expire_and_a_lost_workers_batch_is_kept() -> None:
+    stream = SampleStream(items_per_batch=2, max_staleness=1)
+    budget = CandidateBudget(64)
+    pool = RolloutPool(GateBackend(), stream, _source(), candidates=budget, score_ahead=3)
+    old, recent, scoring = _items("m1", "m2", "m3")
+    pool._ahead.extend([(old, 1), (recent, 2)])
+    pool._latest = 5  # decisions older than version 5 - 3 are scored again
+    pool._merge_spares()
+    assert [it for it, _ in pool._ahead] == [recent] and list(pool._spares) == [old]
+    assert pool.selection_metrics()["selection/ahead/expired"] == 1
+    pool._scoring[0] = (7, (scoring,))  # a batch out when its worker is lost
+    pool.backend.restartable, pool.backend.restart = True, lambda w: None
+    pool._replace(0, "test")
+    assert list(pool._spares) == [old, scoring] and pool._scoring[0] is None
+    assert RolloutPool(GateBackend(), SampleStream(2, 0), _source(), candidates=budget,
+                       score_ahead=3).score_ahead == 0  # η = 0: off  # fmt: skip

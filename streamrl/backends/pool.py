@@ -23,7 +23,10 @@ books do not see it. Every backend and a resume share this one path. The likelih
 gate (``candidates``, :mod:`streamrl.data.selection_likelihood`) also starts here: each
 issued item goes out with further candidates drawn for it, and the candidates a worker
 hands back (spares) are drawn again, before the task source, once the trainer has
-published the next weight version.
+published the next weight version. With ``score_ahead`` (at η >= 1), a worker that has
+nothing left to generate (the stream admits nothing more until the trainer consumes)
+scores fresh candidates ahead instead of idling; the accepted ones are issued first,
+without scoring again, while their decision is at most ``score_ahead`` versions old.
 
 Weight publication is timed twice: ``publish_s`` is what the trainer spends
 making the weights available; ``latency_s`` runs until every live worker has
@@ -43,6 +46,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.backends.base import Backend, WorkerLost
 from streamrl.backends.books import START_TIMEOUT_S, EpisodesFailing, PoolBooks, WorkersUnreachable
 from streamrl.data.selection import PromptSelector
@@ -53,6 +57,8 @@ from streamrl.messages import (
     GroupRejected,
     Pause,
     Resume,
+    ScoreAhead,
+    ScoredAhead,
     StartItems,
     Stop,
     VersionReport,
@@ -61,6 +67,7 @@ from streamrl.stream import Group, SampleStream, StreamClosed
 from streamrl.types import Item
 
 WARN_EVERY_S = 10.0  # console summary of failed items, at most this often
+AHEAD_CHUNK = 64  # candidates per ScoreAhead: about one engine step of prefill rows
 console = logging.getLogger("streamrl.failures")
 
 
@@ -81,10 +88,15 @@ class RolloutPool(PoolBooks):
         logger: logging.Logger | None = None,
         selector: PromptSelector | None = None,
         candidates: CandidateBudget | None = None,
+        score_ahead: int = 0,
     ) -> None:
         super().__init__()
         self.selector = selector  # None: every drawn item is issued
         self.candidates = candidates  # the likelihood gate's (None: one candidate per item)
+        # decisions made ahead stay usable for this many versions (0: off). At η = 0 what an
+        # idle worker scores would depend on timing, and so would the decisions: off.
+        ahead = candidates is not None and stream.max_staleness >= 1
+        self.score_ahead = score_ahead if ahead else 0
         self.backend, self.stream, self.items = backend, stream, items
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
@@ -103,6 +115,10 @@ class RolloutPool(PoolBooks):
         self._forced: set[int] = set()  # items the gate is not to skip (selection/forced)
         self._spares: deque[Item] = deque()  # handed back by the gate, drawn first
         self._returned: list[tuple[int, tuple[Item, ...]]] = []  # spares until the next publish
+        self._ahead: deque[tuple[Item, int]] = deque()  # accepted ahead, at this version
+        self._scoring: list[tuple[int, tuple[Item, ...]] | None] = [None] * n  # ScoreAhead out
+        self._batches = 0  # ScoreAhead commands sent
+        self._issued_ahead: set[int] = set()  # items issued on a decision made ahead
         self._latest = self._merged = -1  # the trainer's last version, and the spares' merge
         self._streak, self._streak_first = 0, ""  # failed items in a row, and the first
         self._unwarned, self._last_warn = 0, 0.0
@@ -143,6 +159,9 @@ class RolloutPool(PoolBooks):
         self._merged = self._latest
         self._spares.extend(self._returned_items())
         self._returned.clear()
+        while self._ahead and self._ahead[0][1] < self._latest - self.score_ahead:
+            self._spares.append(self._ahead.popleft()[0])  # too old: scored again when issued
+            self.candidates.count_ahead("expired")  # type: ignore[union-attr]
         if self.candidates is not None:
             self.candidates.advance()
 
@@ -167,17 +186,25 @@ class RolloutPool(PoolBooks):
                 self._alternates = {i: a for i, a in self._alternates.items() if i in keep}
                 self._respared &= keep
                 self._forced &= keep
+                self._issued_ahead &= keep
                 state["candidates"] = copy.deepcopy(
                     {
                         "budget": self.candidates.state_dict(),
                         "alternates": self._alternates,
                         "respared": sorted(self._respared),
                         "forced": sorted(self._forced),
-                        # handed back since the last publish too: drawn, never to be lost
-                        "spares": [*self._spares, *self._returned_items()],
+                        "issued_ahead": sorted(self._issued_ahead),
+                        # handed back since the last publish, and scored (or being
+                        # scored) ahead, too: drawn, never to be lost
+                        "spares": [*self._spares, *self._returned_items(), *self._held_ahead()],
                     }
                 )
         return state, ledger
+
+    def _held_ahead(self) -> list[Item]:
+        """Candidates accepted ahead, then those a worker is scoring ahead now."""
+        out = [item for item, _ in self._ahead]
+        return out + [it for sent in self._scoring if sent is not None for it in sent[1]]
 
     def restore(self, state: dict) -> None:
         """Continue from :meth:`checkpoint`'s state (before :meth:`start`). ``items``
@@ -199,6 +226,7 @@ class RolloutPool(PoolBooks):
             self._alternates = dict(gate["alternates"])
             self._respared = set(gate["respared"])
             self._forced = set(gate["forced"])
+            self._issued_ahead = set(gate.get("issued_ahead", ()))
             self._spares = deque(gate["spares"])
 
     # ------------------------------------------------------------ trainer-side calls
@@ -277,6 +305,8 @@ class RolloutPool(PoolBooks):
                 self.versions[w] = msg.version
                 self.engine_stats[w] = msg.engine_stats
                 self._note_sync(now)
+            elif isinstance(msg, ScoredAhead):
+                self._take_scored(w, msg)
             elif isinstance(msg, GroupDone | GroupRejected):
                 item = self.inflight[w].pop(msg.item_index, None)
                 if item is None:
@@ -306,12 +336,25 @@ class RolloutPool(PoolBooks):
         for the next publish."""
         self._alternates.pop(msg.item_index, None)
         self._forced.discard(msg.item_index)
+        if msg.item_index in self._issued_ahead:
+            self._issued_ahead.discard(msg.item_index)
+            if isinstance(msg, GroupRejected) and msg.reason == EQUAL_REWARDS:
+                self.candidates.count_ahead("dropped")  # type: ignore[union-attr]
         respared = int(msg.item_index in self._respared)
         self._respared.discard(msg.item_index)
         if self.candidates is not None:
             self.candidates.observe(msg.gate, respared)
         if msg.spares:
             self._returned.append((msg.item_index, msg.spares))
+
+    def _take_scored(self, w: int, msg: ScoredAhead) -> None:
+        sent = self._scoring[w]
+        if sent is None or sent[0] != msg.batch:
+            return  # from a worker replaced since: its candidates are spares already
+        self._scoring[w] = None
+        self.candidates.observe(msg.outcomes, ahead=True)  # type: ignore[union-attr]
+        self._ahead.extend((item, msg.version) for item in msg.accepted)
+        self._spares.extend(msg.unscored)
 
     def _note_failure(self, msg: GroupDone | GroupRejected) -> None:
         """Count failed items in a row; warn on the console (rate-limited); give up
@@ -376,6 +419,9 @@ class RolloutPool(PoolBooks):
             )
         self._orphans.extend(sorted(held, key=lambda it: it.index))
         self.reissued += len(held)
+        if self._scoring[w] is not None:  # its candidates scored ahead: not lost
+            self._spares.extend(self._scoring[w][1])
+            self._scoring[w] = None
         self.inflight[w] = {}
         self.versions[w] = None
         self.restarts += 1
@@ -398,11 +444,15 @@ class RolloutPool(PoolBooks):
             room = chunk - len(items)
             if room:
                 for index in self.stream.admit(self.versions[w], room, timeout=0):
-                    spare = bool(self._spares)
-                    item = self._draw()
+                    ahead = bool(self._ahead)
+                    spare = not ahead and bool(self._spares)
+                    item = self._ahead.popleft()[0] if ahead else self._draw()
                     item.index = index
                     self._items[index] = item
-                    if spare:  # the gate accepted it last version: usually does again
+                    if ahead:  # accepted ahead: generated without scoring it again
+                        self._issued_ahead.add(index)
+                        self.candidates.count_ahead("issued")  # type: ignore[union-attr]
+                    elif spare:  # the gate accepted it last version: usually does again
                         self._respared.add(index)
                     elif self.candidates is not None and self.candidates.force_next():
                         self._forced.add(index)
@@ -414,13 +464,33 @@ class RolloutPool(PoolBooks):
                 for item in items:
                     self.inflight[w][item.index] = item
                 alternates = tuple(self._alternates.get(it.index, ()) for it in items)
-                forced = tuple(it.index for it in items if it.index in self._forced)
+                ungated = self._forced | self._issued_ahead
+                forced = tuple(it.index for it in items if it.index in ungated)
                 message = StartItems(tuple(items), alternates if any(alternates) else (), forced)
                 # on WorkerLost the items stay in inflight[w]: re-issued on replacement
                 with contextlib.suppress(WorkerLost):
                     self.backend.send(w, message)
                 sent = True
+            elif not self.inflight[w] and self._scoring[w] is None:
+                sent |= self._send_score_ahead(w)
         return sent
+
+    def _send_score_ahead(self, w: int) -> bool:
+        """An idle worker (nothing to generate, the stream full) scores fresh candidates
+        ahead, until enough are accepted for ``score_ahead`` batches."""
+        if not self.score_ahead:
+            return False
+        want = self.score_ahead * self.stream.items_per_batch - len(self._ahead)
+        if want <= 0:
+            return False
+        accept_rate = max(0.1, 1.0 - self.candidates.skip_rate)  # type: ignore[union-attr]
+        n = min(AHEAD_CHUNK, math.ceil(want / accept_rate))
+        self._batches += 1
+        batch = (self._batches, tuple(self._draw_fresh() for _ in range(n)))
+        self._scoring[w] = batch
+        with contextlib.suppress(WorkerLost):  # replaced by the pump: the items become spares
+            self.backend.send(w, ScoreAhead(*batch))
+        return True
 
     def _draw(self) -> Item:
         """The next spare the gate handed back (an item of its own, no alternates), else

@@ -213,8 +213,11 @@ def build_selector(section: Any, group_size: int) -> PromptSelector | None:
 
 def pool_selection(cfg: Any) -> dict[str, Any]:
     """The rollout pool's prompt-selection arguments for the run's config: the posterior
-    ``selector`` (``kind: posterior``) or the likelihood gate's ``candidates`` budget."""
+    ``selector`` (``kind: posterior``), or the likelihood gate's ``candidates`` budget and
+    how many batches it decides ahead (``score_ahead``)."""
+    budget = build_candidate_budget(cfg)
     return {
         "selector": build_selector(cfg.selection, cfg.rollout.group_size),
-        "candidates": build_candidate_budget(cfg),
+        "candidates": budget,
+        "score_ahead": cfg.selection.score_ahead if budget is not None else 0,
     }

@@ -121,14 +121,22 @@ class LikelihoodGate:
             return "wrong", wrong
         return None
 
-    async def choose(self, engine: InferenceEngine, index: int, candidates: list[Item]) -> Choice:
-        """Scores every candidate at once (one engine step) and picks, in order, the first
-        the gate accepts, as item ``index`` (see the module docstring)."""
+    async def decide(
+        self, engine: InferenceEngine, candidates: list[Item]
+    ) -> list[tuple[str, float] | BaseException | None]:
+        """:meth:`skip` for every candidate at once (one engine step), in order: a skip
+        reason, None (accepted) or the error its scoring raised."""
         results = await asyncio.gather(
             *(self.skip(engine, c) for c in candidates), return_exceptions=True
         )
         if any(isinstance(r, asyncio.CancelledError) for r in results):
             raise asyncio.CancelledError
+        return results
+
+    async def choose(self, engine: InferenceEngine, index: int, candidates: list[Item]) -> Choice:
+        """Scores every candidate at once (one engine step) and picks, in order, the first
+        the gate accepts, as item ``index`` (see the module docstring)."""
+        results = await self.decide(engine, candidates)
         choice = Choice()
         for candidate, result in zip(candidates, results, strict=True):
             decided = choice.item is not None or choice.error is not None
@@ -150,6 +158,28 @@ class LikelihoodGate:
         if choice.item is None and choice.error is None and len(candidates) > 1:
             choice.detail = f"all {len(candidates)} candidates skipped; the last: {choice.detail}"
         return choice
+
+    async def score_ahead(
+        self, engine: InferenceEngine, candidates: list[Item]
+    ) -> tuple[list[str], list[Item], list[Item]]:
+        """Decides for candidates before any is issued (``selection.score_ahead``): each
+        one's outcome (``accepted``, ``spare`` or a skip reason), the accepted ones, and
+        those whose scoring failed, handed back like spares (scored again when issued,
+        where a failure ends the item and is recorded)."""
+        results = await self.decide(engine, candidates)
+        outcomes: list[str] = []
+        accepted: list[Item] = []
+        unscored: list[Item] = []
+        for candidate, result in zip(candidates, results, strict=True):
+            if isinstance(result, tuple):
+                outcomes.append(f"predicted_all_{result[0]}")
+            elif isinstance(result, BaseException):
+                outcomes.append("spare")
+                unscored.append(candidate)
+            else:
+                outcomes.append("accepted")
+                accepted.append(candidate)
+        return outcomes, accepted, unscored
 
 
 @dataclass
@@ -211,16 +241,22 @@ class CandidateBudget:
         self.size = 1
         self.scored = self.spares = self.spares_reskipped = 0
         self.skipped: Counter[str] = Counter()
+        self.ahead: Counter[str] = Counter()  # score-ahead: scored, issued, expired, dropped
         self._window = [0, 0]  # candidates scored, skipped since the last advance
         self._lock = threading.Lock()
 
-    def observe(self, outcomes: list[str] | tuple[str, ...], respared: int = 0) -> None:
+    def observe(
+        self, outcomes: list[str] | tuple[str, ...], respared: int = 0, ahead: bool = False
+    ) -> None:
         """An item ended; ``outcomes`` says what became of each of its candidates (see
         :class:`Choice`), the first ``respared`` of which were spares drawn again. The skip
         rate counts only the fresh ones: a spare was accepted before and mostly is again,
-        so it says little about how often a new draw is skipped."""
+        so it says little about how often a new draw is skipped. ``ahead``: candidates
+        scored ahead instead (:meth:`LikelihoodGate.score_ahead`), all fresh."""
         with self._lock:
             self.scored += len(outcomes)
+            if ahead:
+                self.ahead["scored"] += len(outcomes)
             self.spares += outcomes.count("spare")
             skips = [o for o in outcomes if o.startswith("predicted")]
             self.skipped.update(skips)
@@ -228,7 +264,15 @@ class CandidateBudget:
             fresh = outcomes[respared:]
             self._window[0] += len(fresh)
             self._window[1] += sum(o.startswith("predicted") for o in fresh)
-            self.in_a_row = 0 if "chosen" in outcomes else self.in_a_row + len(skips)
+            generated = "chosen" in outcomes or "accepted" in outcomes
+            self.in_a_row = 0 if generated else self.in_a_row + len(skips)
+
+    def count_ahead(self, event: str, n: int = 1) -> None:
+        """A score-ahead event: ``issued`` on an earlier decision, ``expired`` (too old,
+        scored again when issued) or ``dropped`` (issued ahead, then filtered by the
+        algorithm: how often a decision made ahead was wrong)."""
+        with self._lock:
+            self.ahead[event] += n
 
     def force_next(self) -> bool:
         """Whether the next item is to be generated without the gate: more than
@@ -256,7 +300,8 @@ class CandidateBudget:
         ``selection/spares`` handed back and ``selection/spares_reskipped`` (skipped when
         drawn again), ``selection/forced`` items generated without the gate (see
         :meth:`force_next`), and the current ``selection/skip_rate`` of fresh candidates
-        and ``selection/candidates`` per issued item."""
+        and ``selection/candidates`` per issued item; with ``selection.score_ahead``,
+        ``selection/ahead/{scored,issued,expired,dropped}`` (see :meth:`count_ahead`)."""
         with self._lock:
             out = {
                 "selection/scored": float(self.scored),
@@ -268,6 +313,7 @@ class CandidateBudget:
                 "selection/candidates": float(self.size),
             }
             out.update({f"selection/skipped/{k}": float(v) for k, v in self.skipped.items()})
+            out.update({f"selection/ahead/{k}": float(v) for k, v in self.ahead.items()})
             return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -278,6 +324,7 @@ class CandidateBudget:
                 "counters": [self.scored, self.spares, self.spares_reskipped, dict(self.skipped)],
                 "forced": [self.in_a_row, self.forced],
                 "window": list(self._window),
+                "ahead": dict(self.ahead),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -287,6 +334,7 @@ class CandidateBudget:
             self.skipped = Counter(skipped)
             self._window = list(state["window"])
             self.in_a_row, self.forced = state["forced"]
+            self.ahead = Counter(state.get("ahead", {}))
 
 
 def build_gate(cfg: Any, tokenizer: Any, sampling: SamplingParams) -> LikelihoodGate | None:
