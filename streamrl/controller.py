@@ -559,11 +559,9 @@ class Session:
                     self.summary["placement_auto"] = auto.decision
                 phase = self.phase_ends.get(step)  # e.g. the end of offline pre-training
                 if (cfg.eval.every and step % cfg.eval.every == 0 and step < steps) or phase:
-                    if colocated:
-                        pool.pause()
+                    pool.pause(engines=colocated)  # and no scoring ahead while evaluating
                     row.update(self.evaluate(f"after {phase}" if phase else f"step {step}"))
-                    if colocated:
-                        pool.resume()
+                    pool.resume(engines=colocated)
                     if phase:  # summary.json: eval_return_after_<phase>
                         ev = {k: v for k, v in row.items() if k.startswith("eval/")}
                         self.summary.update(

@@ -241,8 +241,9 @@ def test_a_gate_that_skips_everything_cannot_stall_the_run() -> None:
 
 def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -> None:
     """At η = 1 the worker is idle whenever the stream is full: it scores fresh candidates
-    ahead (selection.score_ahead); the accepted ones are issued first, alone, generated
-    without scoring again; nothing drawn is lost and every candidate is scored once."""
+    ahead (selection.score_ahead), and scores the held ones again once enough are held;
+    the accepted ones are issued first, alone, generated without scoring again, and
+    nothing drawn is lost."""
     pool, backend, stream = _run(steps=8, eta=1, ahead=2, train_s=0.05)
     pool._receive()  # the reports sent after the last step (this backend works inline)
     assert pool._scoring[0] is None and not pool.inflight[0]
@@ -250,9 +251,12 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
     stream.check_accounting()
     m = pool.selection_metrics()
     assert backend.ahead and m["selection/ahead/issued"] > 0
-    assert m["selection/ahead/scored"] == sum(len(c.items) for c in backend.ahead)
+    # fresh draws, and once enough are held, the held ones again at newer weights
+    ahead = [it.id for c in backend.ahead for it in c.items]
+    assert m["selection/ahead/scored"] + m["selection/ahead/rescored"] == len(ahead)
+    assert m["selection/ahead/rescored"] > 0 and m["selection/ahead/reskipped"] == 0
     assert m["selection/scored"] == len(backend.gate.scored)
-    scored_ahead = {it.id for c in backend.ahead for it in c.items}
+    scored_ahead = set(ahead)
     starts = [(c, cmd) for cmd in backend.commands for c in cmd.candidates()]
     ungated = [c for c, cmd in starts if c[0].index in cmd.forced]
     assert m["selection/forced"] == 0 and len(ungated) == m["selection/ahead/issued"]
@@ -260,7 +264,7 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
     issued_ahead = [c[0].id for c in ungated]
     assert all(i in scored_ahead and i.startswith("m") for i in issued_ahead)
     assert all(len(c) == 1 for c in ungated)
-    assert all(backend.gate.scored.count(i) == 1 for i in issued_ahead)
+    assert all(backend.gate.scored.count(i) == ahead.count(i) for i in issued_ahead)
     generated = [it.id for it in backend.generated]
     assert set(issued_ahead) <= set(generated) and len(set(generated)) == len(generated)
     # nothing drawn is lost: every mixed item drawn is generated or held (ahead or spare)
@@ -281,9 +285,15 @@ def test_decisions_made_ahead_expire_and_a_lost_workers_batch_is_kept() -> None:
     pool._merge_spares()
     assert [it for it, _ in pool._ahead] == [recent] and list(pool._spares) == [old]
     assert pool.selection_metrics()["selection/ahead/expired"] == 1
-    pool._scoring[0] = (7, (scoring,))  # a batch out when its worker is lost
+    pool._scoring[0] = (7, (scoring,), True)  # a batch out when its worker is lost
     pool.backend.restartable, pool.backend.restart = True, lambda w: None
     pool._replace(0, "test")
     assert list(pool._spares) == [old, scoring] and pool._scoring[0] is None
+    pool.versions[0] = 0
+    assert len(stream.admit(0, 4)) == 4  # the stream is full: the worker is idle
+    pool.pause(engines=False)  # the trainer evaluates: no scoring ahead meanwhile
+    assert not pool._dispatch() and pool._scoring[0] is None
+    pool.resume(engines=False)
+    assert pool._dispatch() and len(pool._scoring[0][1]) == 3 * 2 - 1  # 1 held already
     assert RolloutPool(GateBackend(), SampleStream(2, 0), _source(), candidates=budget,
                        score_ahead=3).score_ahead == 0  # η = 0: off  # fmt: skip

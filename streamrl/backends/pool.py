@@ -116,9 +116,11 @@ class RolloutPool(PoolBooks):
         self._spares: deque[Item] = deque()  # handed back by the gate, drawn first
         self._returned: list[tuple[int, tuple[Item, ...]]] = []  # spares until the next publish
         self._ahead: deque[tuple[Item, int]] = deque()  # accepted ahead, at this version
-        self._scoring: list[tuple[int, tuple[Item, ...]] | None] = [None] * n  # ScoreAhead out
+        # the ScoreAhead out at each worker: (batch, items, fresh draws or a refresh)
+        self._scoring: list[tuple[int, tuple[Item, ...], bool] | None] = [None] * n
         self._batches = 0  # ScoreAhead commands sent
         self._issued_ahead: set[int] = set()  # items issued on a decision made ahead
+        self._quiet = False  # paused: no scoring ahead
         self._latest = self._merged = -1  # the trainer's last version, and the spares' merge
         self._streak, self._streak_first = 0, ""  # failed items in a row, and the first
         self._unwarned, self._last_warn = 0, 0.0
@@ -251,11 +253,18 @@ class RolloutPool(PoolBooks):
         drive = getattr(self.backend, "drive", None)
         return bool(drive is not None and drive(threads, until))
 
-    def pause(self) -> None:
-        self._broadcast(Pause())
+    def pause(self, engines: bool = True) -> None:
+        """No scoring ahead (``selection.score_ahead``) until :meth:`resume`, and with
+        ``engines`` (colocated placement) no decoding either. The trainer calls it around
+        evaluations too: a worker thread scoring ahead would slow them down (the GIL)."""
+        self._quiet = True
+        if engines:
+            self._broadcast(Pause())
 
-    def resume(self) -> None:
-        self._broadcast(Resume())
+    def resume(self, engines: bool = True) -> None:
+        self._quiet = False
+        if engines:
+            self._broadcast(Resume())
 
     def drain(self) -> None:
         """Wait until no worker holds an unreported item (admission must be held)."""
@@ -352,7 +361,8 @@ class RolloutPool(PoolBooks):
         if sent is None or sent[0] != msg.batch:
             return  # from a worker replaced since: its candidates are spares already
         self._scoring[w] = None
-        self.candidates.observe(msg.outcomes, ahead=True)  # type: ignore[union-attr]
+        kind = "scored" if sent[2] else "rescored"
+        self.candidates.observe(msg.outcomes, ahead=kind)  # type: ignore[union-attr]
         self._ahead.extend((item, msg.version) for item in msg.accepted)
         self._spares.extend(msg.unscored)
 
@@ -477,19 +487,26 @@ class RolloutPool(PoolBooks):
 
     def _send_score_ahead(self, w: int) -> bool:
         """An idle worker (nothing to generate, the stream full) scores fresh candidates
-        ahead, until enough are accepted for ``score_ahead`` batches."""
-        if not self.score_ahead:
+        ahead, until enough are accepted for ``score_ahead`` batches; then it scores the
+        oldest decisions again, at its newer weights, so the held ones stay fresh."""
+        if not self.score_ahead or self._quiet:
             return False
         want = self.score_ahead * self.stream.items_per_batch - len(self._ahead)
-        if want <= 0:
-            return False
-        accept_rate = max(0.1, 1.0 - self.candidates.skip_rate)  # type: ignore[union-attr]
-        n = min(AHEAD_CHUNK, math.ceil(want / accept_rate))
+        if want > 0:
+            accept_rate = max(0.1, 1.0 - self.candidates.skip_rate)  # type: ignore[union-attr]
+            n = min(AHEAD_CHUNK, math.ceil(want / accept_rate))
+            items, fresh = tuple(self._draw_fresh() for _ in range(n)), True
+        else:
+            old: list[Item] = []
+            while self._ahead and self._ahead[0][1] < self.versions[w] and len(old) < AHEAD_CHUNK:
+                old.append(self._ahead.popleft()[0])
+            if not old:
+                return False
+            items, fresh = tuple(old), False
         self._batches += 1
-        batch = (self._batches, tuple(self._draw_fresh() for _ in range(n)))
-        self._scoring[w] = batch
+        self._scoring[w] = (self._batches, items, fresh)
         with contextlib.suppress(WorkerLost):  # replaced by the pump: the items become spares
-            self.backend.send(w, ScoreAhead(*batch))
+            self.backend.send(w, ScoreAhead(self._batches, items))
         return True
 
     def _draw(self) -> Item:

@@ -44,6 +44,16 @@ on. So nothing drawn is lost, every decision is still a pure function of (weight
 and at η = 0 which candidates an item gets does not depend on timing (spares re-enter
 only at a publish, in item order).
 
+Scoring ahead (``selection.score_ahead``, at η >= 1). Late in a run most candidates
+are skipped, so the scoring is the cost, and it lands on the engine when it is busiest.
+But a worker is idle whenever it is ahead of the trainer: the stream admits nothing more
+until the trainer consumes. Then the pool sends it fresh candidates to score ahead
+(:meth:`LikelihoodGate.score_ahead`); the accepted ones are held in draw order and issued
+before anything else, alone, and generated without scoring again, while their decision
+is at most ``score_ahead`` weight versions old (older ones become spares, scored again).
+Skipped ones are counted like any skip. Not during evaluations (:meth:`RolloutPool.pause`),
+and not at η = 0, where what an idle worker gets to score would depend on timing.
+
 What it costs. The engine scores a forced continuation in the step that admits it (the
 prompt and the reference in one prefill, ``LocalEngine``), usually a step that decodes
 other groups anyway, so a scored candidate costs a prefill row of prompt + reference and
@@ -246,21 +256,27 @@ class CandidateBudget:
         self._lock = threading.Lock()
 
     def observe(
-        self, outcomes: list[str] | tuple[str, ...], respared: int = 0, ahead: bool = False
+        self, outcomes: list[str] | tuple[str, ...], respared: int = 0, ahead: str = ""
     ) -> None:
         """An item ended; ``outcomes`` says what became of each of its candidates (see
         :class:`Choice`), the first ``respared`` of which were spares drawn again. The skip
         rate counts only the fresh ones: a spare was accepted before and mostly is again,
         so it says little about how often a new draw is skipped. ``ahead``: candidates
-        scored ahead instead (:meth:`LikelihoodGate.score_ahead`), all fresh."""
+        scored ahead instead (:meth:`LikelihoodGate.score_ahead`), ``scored`` (fresh draws)
+        or ``rescored`` (decisions made ahead, made again at newer weights)."""
         with self._lock:
             self.scored += len(outcomes)
             if ahead:
-                self.ahead["scored"] += len(outcomes)
+                self.ahead[ahead] += len(outcomes)
+                respared = len(outcomes) if ahead == "rescored" else 0
             self.spares += outcomes.count("spare")
             skips = [o for o in outcomes if o.startswith("predicted")]
             self.skipped.update(skips)
-            self.spares_reskipped += sum(o.startswith("predicted") for o in outcomes[:respared])
+            reskipped = sum(o.startswith("predicted") for o in outcomes[:respared])
+            if ahead:
+                self.ahead["reskipped"] += reskipped
+            else:
+                self.spares_reskipped += reskipped
             fresh = outcomes[respared:]
             self._window[0] += len(fresh)
             self._window[1] += sum(o.startswith("predicted") for o in fresh)
@@ -301,7 +317,8 @@ class CandidateBudget:
         drawn again), ``selection/forced`` items generated without the gate (see
         :meth:`force_next`), and the current ``selection/skip_rate`` of fresh candidates
         and ``selection/candidates`` per issued item; with ``selection.score_ahead``,
-        ``selection/ahead/{scored,issued,expired,dropped}`` (see :meth:`count_ahead`)."""
+        ``selection/ahead/{scored,rescored,reskipped,issued,expired,dropped}`` (see
+        :meth:`observe` and :meth:`count_ahead`)."""
         with self._lock:
             out = {
                 "selection/scored": float(self.scored),

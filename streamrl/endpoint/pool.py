@@ -137,11 +137,13 @@ class EndpointPool(PoolBooks):
         self.engine.update_weights(state_dict, version)
         self._synced(self.engine.version)
 
-    def pause(self) -> None:
-        self.engine.pause()
+    def pause(self, engines: bool = True) -> None:
+        if engines:
+            self.engine.pause()
 
-    def resume(self) -> None:
-        self.engine.resume()
+    def resume(self, engines: bool = True) -> None:
+        if engines:
+            self.engine.resume()
 
     def drain(self) -> None:
         """Wait for the calls being generated (sessions stay open: their agents decide)."""
