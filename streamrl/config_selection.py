@@ -63,14 +63,16 @@ class SelectionConfig(_Section):
         "version. 1: one candidate per item (each skip a round trip through the stream).",
     )
     score_ahead: int = Field(
-        0,
+        8,
         ge=0,
-        description="likelihood, at stream.max_staleness >= 1: a rollout worker with nothing "
-        "to generate (the stream admits no more items until the trainer consumes) scores "
-        "fresh candidates ahead instead of idling, until enough are accepted for this many "
-        "batches. Those are issued first and generated without scoring again while their "
-        "decision is at most this many weight versions old; older ones are scored again. "
-        "Counted in selection/ahead/{scored,issued,expired,dropped}. 0: off.",
+        description="likelihood, at stream.max_staleness >= 1 (unused otherwise): a rollout "
+        "worker with nothing to generate (the stream admits no more items until the trainer "
+        "consumes) scores fresh candidates ahead instead of idling, until enough are "
+        "accepted for this many batches, then scores the held ones again at newer weights. "
+        "Those are issued first and generated without scoring again while their decision is "
+        "at most this many weight versions old; older ones are scored again when issued. "
+        "Not while the trainer evaluates. Counted in selection/ahead/{scored,rescored,"
+        "reskipped,issued,expired,dropped}. 0: off.",
     )
     success_threshold: float = Field(
         0.5, description="A sample counts as a success when its reward is above this."

@@ -215,7 +215,8 @@ def check_selection(cfg: Config) -> None:
             f"selection.skip_all_wrong=true needs selection.kind=likelihood (got {sel.kind!r}): "
             "only the likelihood gate predicts all-wrong groups"
         )
-    if sel.score_ahead and (sel.kind != "likelihood" or cfg.stream.max_staleness < 1):
+    inapplicable = sel.kind != "likelihood" or cfg.stream.max_staleness < 1
+    if sel.score_ahead and inapplicable and "score_ahead" in sel.model_fields_set:
         raise PreflightError(
             f"selection.score_ahead={sel.score_ahead} needs selection.kind=likelihood and "
             f"stream.max_staleness >= 1 (got {sel.kind!r}, {cfg.stream.max_staleness}): at "

@@ -145,6 +145,7 @@ def test_likelihood_selection_needs_single_turn_episodes() -> None:
         cfg = load_config(None, [*bad, "selection.score_ahead=4"])
         with pytest.raises(PreflightError, match=r"score_ahead=4 needs selection\.kind"):
             check_selection(cfg)
+        check_selection(load_config(None, bad))  # the default is simply not used there
 
 
 def _run_cfg(tmp_path: Path, name: str, *extra: str):
@@ -171,12 +172,14 @@ def _run_cfg(tmp_path: Path, name: str, *extra: str):
     )
 
 
+@pytest.mark.parametrize("ahead", [0, 8])
 def test_a_short_run_with_likelihood_selection_keeps_the_books(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
 ) -> None:
     """The wiring through a real run (the prediction itself is tested above): a problem
     whose first operand is even is predicted certainly all-correct, the rest certainly
-    not. Only the others are generated, every skip is counted, and the books balance."""
+    not. Only the others are generated, every skip is counted, and the books balance;
+    with bundles only, and with scoring ahead (η = 1)."""
     decisions: list[bool] = []  # one per scored candidate: skipped?
     generated: list[Item] = []
 
@@ -192,7 +195,7 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
 
     monkeypatch.setattr(LikelihoodGate, "p_reference", predicted)  # p = 1 or 0
     monkeypatch.setattr(rollout, "_rollout", recorded)
-    cfg = _run_cfg(tmp_path, "lik", "sft.steps=0")
+    cfg = _run_cfg(tmp_path, "lik", "sft.steps=0", f"selection.score_ahead={ahead}")
     summary = run_training(cfg).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
     assert summary["stream/issued"] == ended and summary["stream/consumed"] == 16
@@ -210,8 +213,11 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
     rate, size = summary["selection/skip_rate"], summary["selection/candidates"]
     assert size == candidates_for(rate, 64)
     metrics = [json.loads(x) for x in (tmp_path / "lik" / "metrics.jsonl").read_text().splitlines()]
-    assert max(m.get("selection/candidates", 0) for m in metrics) > 1
-    assert summary["selection/spares"] > 0
+    if ahead:  # the worker idles while the trainer updates (generation here is faster)
+        assert summary["selection/ahead/scored"] > 0 and summary["selection/ahead/issued"] > 0
+    else:
+        assert max(m.get("selection/candidates", 0) for m in metrics) > 1
+        assert summary["selection/spares"] > 0
     rows = [json.loads(x) for x in (tmp_path / "lik" / "ledger.jsonl").read_text().splitlines()]
     consumed = sorted(i for r in rows for i in r["consumed"])
     assert set(consumed) <= {it.index for it in generated}

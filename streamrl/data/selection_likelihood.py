@@ -273,9 +273,9 @@ class CandidateBudget:
             skips = [o for o in outcomes if o.startswith("predicted")]
             self.skipped.update(skips)
             reskipped = sum(o.startswith("predicted") for o in outcomes[:respared])
-            if ahead:
+            if ahead == "rescored":
                 self.ahead["reskipped"] += reskipped
-            else:
+            elif not ahead:
                 self.spares_reskipped += reskipped
             fresh = outcomes[respared:]
             self._window[0] += len(fresh)
