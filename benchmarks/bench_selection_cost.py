@@ -14,9 +14,9 @@ script measures both sides on the run's own engine and sampling parameters, one 
   the plain transformers model, no engine: the compute floor of scoring.
 
 It prints engine milliseconds per scored candidate and per generated group, and their
-ratio: how many candidates cost one group. On the main job a group costs about 12
+ratio: how many candidates cost one group. On the main job a group costs about 10
 candidates (``benchmarks/results/selection.md``), and halving its dropped groups took
-about 25 scored candidates per group avoided.
+24-26 scored candidates per group avoided.
 
     PYTHONPATH=. python benchmarks/bench_selection_cost.py --run runs/default
 """

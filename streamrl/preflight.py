@@ -215,13 +215,6 @@ def check_selection(cfg: Config) -> None:
             f"selection.skip_all_wrong=true needs selection.kind=likelihood (got {sel.kind!r}): "
             "only the likelihood gate predicts all-wrong groups"
         )
-    inapplicable = sel.kind != "likelihood" or cfg.stream.max_staleness < 1
-    if sel.score_ahead and inapplicable and "score_ahead" in sel.model_fields_set:
-        raise PreflightError(
-            f"selection.score_ahead={sel.score_ahead} needs selection.kind=likelihood and "
-            f"stream.max_staleness >= 1 (got {sel.kind!r}, {cfg.stream.max_staleness}): at "
-            "eta = 0 what an idle worker scores would depend on timing; set it to 0"
-        )
     if sel.kind == "none":
         return
     if cfg.endpoint.enabled:
