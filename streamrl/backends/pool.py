@@ -474,8 +474,7 @@ class RolloutPool(PoolBooks):
                 for item in items:
                     self.inflight[w][item.index] = item
                 alternates = tuple(self._alternates.get(it.index, ()) for it in items)
-                ungated = self._forced | self._issued_ahead
-                forced = tuple(it.index for it in items if it.index in ungated)
+                forced = tuple(it.index for it in items if self._ungated(it.index))
                 message = StartItems(tuple(items), alternates if any(alternates) else (), forced)
                 # on WorkerLost the items stay in inflight[w]: re-issued on replacement
                 with contextlib.suppress(WorkerLost):
@@ -484,6 +483,10 @@ class RolloutPool(PoolBooks):
             elif not self.inflight[w] and self._scoring[w] is None:
                 sent |= self._send_score_ahead(w)
         return sent
+
+    def _ungated(self, index: int) -> bool:
+        """Generated without the gate: forced (selection/forced) or decided ahead."""
+        return index in self._forced or index in self._issued_ahead
 
     def _send_score_ahead(self, w: int) -> bool:
         """An idle worker (nothing to generate, the stream full) scores fresh candidates
