@@ -53,6 +53,22 @@ class SelectionConfig(_Section):
         "rate, so (1-p)^G over-states P(all G wrong): use it only where the reference is the "
         "one accepted form of the answer (exact-match tasks taught by SFT).",
     )
+    acceptance: Literal["skip", "importance"] = Field(
+        "skip",
+        description="likelihood: 'skip' every item whose predicted P(all equal) q exceeds "
+        "selection.threshold; 'importance': generate it with probability a = "
+        "sqrt(t/(1-t) * (1-q)/q) (1 up to the threshold t, at least "
+        "selection.min_acceptance) and weight its samples' advantages by 1/a (normalised "
+        "to mean 1 over the batch), so the update sees, in expectation, what it would see "
+        "without selection (policy-gradient algorithms; selection/weight_mean).",
+    )
+    min_acceptance: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="acceptance=importance: the least chance an item is generated, so a "
+        "weight is at most 1/min_acceptance.",
+    )
     max_candidates: int = Field(
         64,
         ge=1,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from streamrl.algorithms import Algorithm, build_algorithm
+from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
 from streamrl.config import Config
 from streamrl.data import TaskSource, build_task_source
 from streamrl.data.logged import load_completions, load_preferences
@@ -215,6 +215,11 @@ def check_selection(cfg: Config) -> None:
             f"selection.skip_all_wrong=true needs selection.kind=likelihood (got {sel.kind!r}): "
             "only the likelihood gate predicts all-wrong groups"
         )
+    if sel.acceptance == "importance" and sel.kind != "likelihood":
+        raise PreflightError(
+            f"selection.acceptance=importance needs selection.kind=likelihood (got "
+            f"{sel.kind!r}): only the likelihood gate accepts items at random"
+        )
     if sel.kind == "none":
         return
     if cfg.endpoint.enabled:
@@ -233,6 +238,13 @@ def check_selection(cfg: Config) -> None:
                 "selection.kind=likelihood scores the reference answer up to its EOS, but "
                 "rollout.ignore_eos=true samples past EOS, so the score would not bound the "
                 "success rate; set rollout.ignore_eos=false or selection.kind=none"
+            )
+        if sel.acceptance == "importance" and not issubclass(
+            algorithm_class(cfg.algorithm.advantage), PolicyGradient
+        ):
+            raise PreflightError(
+                "selection.acceptance=importance weights the advantages of a policy-gradient "
+                f"update, but algorithm.advantage={cfg.algorithm.advantage} is not one"
             )
         return
     g = cfg.rollout.group_size

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from streamrl.algorithms import Algorithm, Filtered
-from streamrl.data.selection_likelihood import LikelihoodGate
+from streamrl.data.selection_likelihood import WEIGHT_KEY, LikelihoodGate
 from streamrl.engines.base import InferenceEngine
 from streamrl.episodes import Episode
 from streamrl.messages import (
@@ -212,8 +212,9 @@ async def _rollout(
     if any(r is None for r in results):
         return GroupRejected(index, "filtered", "episode_rejected")
     trajectories: list[Trajectory] = list(results)
-    for t in trajectories:  # a mixture's domain and correct reward, for per-domain metrics
-        for key in ("domain", "correct_reward"):
+    # a mixture's domain and correct reward, for per-domain metrics; the gate's weight
+    for t in trajectories:
+        for key in ("domain", "correct_reward", WEIGHT_KEY):
             if key in item.metadata:
                 t.metadata.setdefault(key, item.metadata[key])
     metrics = episode_metrics(trajectories)

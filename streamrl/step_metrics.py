@@ -16,6 +16,7 @@ from typing import Any
 
 from streamrl.backends.books import PoolBooks
 from streamrl.data import item_correct_reward, item_domain
+from streamrl.data.selection_likelihood import WEIGHT_KEY
 from streamrl.data.transitions import Transitions
 from streamrl.eval.evaluate import is_correct
 from streamrl.stream import Group, SampleStream, carried_metrics, staleness_metrics
@@ -117,6 +118,10 @@ class StepMetrics:
         m.update({f"accuracy/{d}": sum(v) / len(v) for d, v in by_domain.items()})
         m.update(carried)
         m["rollout/carried_tokens_total"] = self.carried
+        weights = [float(t.metadata[WEIGHT_KEY]) for t in trajectories if WEIGHT_KEY in t.metadata]
+        if weights:  # selection.acceptance=importance: before the batch's normalisation
+            m["selection/weight_mean"] = sum(weights) / len(weights)
+            m["selection/weight_max"] = max(weights)
         m["tokens_per_s"] = self.tokens / elapsed
         m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
         return m

@@ -236,3 +236,29 @@ def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path) -> Non
     first, second = run("a"), run("b")
     assert first == second
     assert any(r.get("filtered", {}).get("predicted_all_correct") for r in first)
+
+
+def test_a_short_run_with_importance_acceptance_weights_what_it_generates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """selection.acceptance=importance through a real run: every item is predicted all
+    correct with q = 0.9^4 = 0.6561, so a = 0.5 * sqrt(0.3439 / 0.6561) = 0.3620 of them
+    are generated, each at weight 1/a = 2.7625 (in every step's metrics), the rest are
+    skipped and counted, and the books balance."""
+
+    async def predicted(self, engine, item):
+        return 0.9
+
+    monkeypatch.setattr(LikelihoodGate, "p_reference", predicted)
+    extra = ("sft.steps=0", "selection.threshold=0.2", "selection.acceptance=importance")
+    summary = run_training(_run_cfg(tmp_path, "imp", *extra)).summary
+    ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
+    assert summary["stream/issued"] == ended and summary["stream/consumed"] == 16
+    skipped = summary["selection/skipped/predicted_all_correct"]
+    assert 0.3 < skipped / summary["selection/scored"] < 0.9  # 1 - a = 0.638
+    rows = [json.loads(x) for x in (tmp_path / "imp" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "time/update" in row]  # not the evaluation's rows
+    assert len(steps) == 4
+    for row in steps:
+        assert row["selection/weight_mean"] == pytest.approx(1 / 0.36199, rel=1e-4)
+        assert row["selection/weight_max"] == pytest.approx(1 / 0.36199, rel=1e-4)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from streamrl.algorithms.advantages import broadcast_to_tokens
 from streamrl.algorithms.base import (
     DEFAULT,
@@ -23,6 +25,7 @@ from streamrl.algorithms.base import (
 )
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
 from streamrl.algorithms.registry import advantage_names, get_advantage
+from streamrl.data.selection_likelihood import WEIGHT_KEY
 from streamrl.types import Batch, Trajectory
 
 
@@ -30,6 +33,14 @@ def zero_variance(trajectories: list[Trajectory]) -> bool:
     """Dynamic sampling (DAPO): a group whose rewards are all equal has no signal."""
     rewards = [t.reward for t in trajectories]
     return len(rewards) > 1 and max(rewards) == min(rewards)
+
+
+def selection_weights(trajectories: list[Trajectory]) -> torch.Tensor:
+    """(N,) the likelihood gate's importance weights (``selection.acceptance=importance``;
+    1 for an unweighted sample), normalised to mean 1 over the batch (self-normalised
+    importance sampling: the step size stays that of an unweighted batch)."""
+    w = torch.tensor([float(t.metadata.get(WEIGHT_KEY, 1.0)) for t in trajectories])
+    return w / w.mean()
 
 
 @register_algorithm(DEFAULT)
@@ -96,7 +107,7 @@ class PolicyGradient(Algorithm):
         trajectories = [t for g in groups for t in g.trajectories]
         with timer("advantage"):
             batch = Batch.collate(trajectories, pad_id=self.pad_id)
-            adv = self.advantages(batch, trajectories)  # (N,)
+            adv = self.advantages(batch, trajectories) * selection_weights(trajectories)
             batch.advantages = broadcast_to_tokens(adv, batch.loss_mask)  # (N, T)
         if self.reference is not None:
             with timer("ref_logprob"):

@@ -50,7 +50,7 @@ from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.backends.base import Backend, WorkerLost
 from streamrl.backends.books import START_TIMEOUT_S, EpisodesFailing, PoolBooks, WorkersUnreachable
 from streamrl.data.selection import PromptSelector
-from streamrl.data.selection_likelihood import CandidateBudget
+from streamrl.data.selection_likelihood import CandidateBudget, weighted
 from streamrl.messages import (
     Command,
     GroupDone,
@@ -162,7 +162,8 @@ class RolloutPool(PoolBooks):
         self._spares.extend(self._returned_items())
         self._returned.clear()
         while self._ahead and self._ahead[0][1] < self._latest - self.score_ahead:
-            self._spares.append(self._ahead.popleft()[0])  # too old: scored again when issued
+            # too old: scored again when issued
+            self._spares.append(weighted(self._ahead.popleft()[0], None))
             self.candidates.count_ahead("expired")  # type: ignore[union-attr]
         if self.candidates is not None:
             self.candidates.advance()
@@ -205,7 +206,7 @@ class RolloutPool(PoolBooks):
 
     def _held_ahead(self) -> list[Item]:
         """Candidates accepted ahead, then those a worker is scoring ahead now."""
-        out = [item for item, _ in self._ahead]
+        out = [weighted(item, None) for item, _ in self._ahead]  # spares when restored
         return out + [it for sent in self._scoring if sent is not None for it in sent[1]]
 
     def restore(self, state: dict) -> None:

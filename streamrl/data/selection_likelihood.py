@@ -30,6 +30,16 @@ the threshold (reason ``predicted_all_wrong``). Since p_hat is a lower bound on 
 success rate, that over-states P(all wrong); it suits tasks whose reference is the one
 accepted form of the answer, as on the main job.
 
+Importance acceptance (``selection.acceptance=importance``). Skipping every item above
+the threshold changes what the update sees: the mixed groups of easy prompts (p ~ 0.85
+to 0.95), which sharpen the sampled policy, are never generated. Instead an item is
+generated with probability a(P_hat(all equal)) (:func:`acceptance_probability`: 1 up to
+the threshold, falling as sqrt((1-q)/q) above it, never below ``min_acceptance``), and
+its samples carry the weight 1/a, by which the policy-gradient update scales their
+advantages (normalised to mean 1 over the batch). The update then sees, in expectation,
+the groups it would see without selection, and only the generation of the likely
+all-equal groups is thinned. The draw is a pure function of (seed, item, weight version).
+
 Candidates. At a high skip rate, one candidate per issued item makes a chain: score,
 skip, report, get the next item, score... one engine step and a round trip through the
 stream per link, and late in the main job 90% of items are skipped, so a slot needed
@@ -70,6 +80,7 @@ than 32 earlier samples of the same prompt) and how much any such rule can save.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import threading
 from collections import Counter
@@ -90,6 +101,9 @@ class LikelihoodGate:
     group_size: int
     threshold: float
     skip_all_wrong: bool = False
+    acceptance: str = "skip"  # or "importance" (see the module docstring)
+    min_acceptance: float = 0.1
+    seed: int = 0
 
     async def p_reference(self, engine: InferenceEngine, item: Item) -> float | None:
         """p_hat, the policy's probability of sampling the reference, or None when the item
@@ -118,26 +132,36 @@ class LikelihoodGate:
         p = await self.p_reference(engine, item)
         return None if p is None else p**self.group_size
 
-    async def skip(self, engine: InferenceEngine, item: Item) -> tuple[str, float] | None:
-        """Why the item is to be skipped and the predicted probability, else None (issue
-        it): ('correct', p_hat^G) or, with ``skip_all_wrong``, ('wrong', (1-p_hat)^G)."""
+    async def skip(
+        self, engine: InferenceEngine, item: Item, version: int = 0
+    ) -> tuple[str, float] | float | None:
+        """Why the item is to be skipped and the predicted probability: ('correct',
+        p_hat^G) or, with ``skip_all_wrong``, ('wrong', (1-p_hat)^G); else the accepted
+        item's importance weight (``acceptance=importance``), or None (accepted, unscored
+        or ``acceptance=skip``). ``version`` seeds the draw of an importance acceptance."""
         p = await self.p_reference(engine, item)
         if p is None:
             return None
         right, wrong = p**self.group_size, (1.0 - p) ** self.group_size
-        if right > self.threshold:
-            return "correct", right
-        if self.skip_all_wrong and wrong > self.threshold:
-            return "wrong", wrong
-        return None
+        wrong = wrong if self.skip_all_wrong else 0.0
+        side, likely = ("correct", right) if right >= wrong else ("wrong", wrong)
+        if self.acceptance == "skip":
+            return (side, likely) if likely > self.threshold else None
+        accept = acceptance_probability(right + wrong, self.threshold, self.min_acceptance)
+        if accept >= 1.0:
+            return 1.0
+        if uniform(self.seed, item.id, version) < accept:
+            return 1.0 / accept
+        return side, likely
 
     async def decide(
         self, engine: InferenceEngine, candidates: list[Item]
-    ) -> list[tuple[str, float] | BaseException | None]:
+    ) -> list[tuple[str, float] | float | BaseException | None]:
         """:meth:`skip` for every candidate at once (one engine step), in order: a skip
-        reason, None (accepted) or the error its scoring raised."""
+        reason, None or a weight (accepted) or the error its scoring raised."""
+        version = engine.version if self.acceptance == "importance" else 0
         results = await asyncio.gather(
-            *(self.skip(engine, c) for c in candidates), return_exceptions=True
+            *(self.skip(engine, c, version) for c in candidates), return_exceptions=True
         )
         if any(isinstance(r, asyncio.CancelledError) for r in results):
             raise asyncio.CancelledError
@@ -164,7 +188,7 @@ class LikelihoodGate:
                 choice.error = result
             else:
                 choice.outcomes.append("chosen")
-                choice.item = replace(candidate, index=index)
+                choice.item = weighted(replace(candidate, index=index), result)
         if choice.item is None and choice.error is None and len(candidates) > 1:
             choice.detail = f"all {len(candidates)} candidates skipped; the last: {choice.detail}"
         return choice
@@ -188,8 +212,50 @@ class LikelihoodGate:
                 unscored.append(candidate)
             else:
                 outcomes.append("accepted")
-                accepted.append(candidate)
+                accepted.append(weighted(candidate, result))
         return outcomes, accepted, unscored
+
+
+WEIGHT_KEY = "selection_weight"
+
+
+def weighted(item: Item, weight: float | None) -> Item:
+    """``item`` carrying its importance weight (``acceptance=importance``): the rollout
+    copies it into its samples' metadata, the policy-gradient update scales their
+    advantages by it. None (``acceptance=skip``, or not scored): ``item`` unweighted."""
+    metadata = {k: v for k, v in item.metadata.items() if k != WEIGHT_KEY}
+    if weight is not None:
+        metadata[WEIGHT_KEY] = weight
+    elif WEIGHT_KEY not in item.metadata:
+        return item
+    return replace(item, metadata=metadata)
+
+
+def acceptance_probability(p_equal: float, threshold: float, floor: float) -> float:
+    """``acceptance=importance``: the chance an item whose group is predicted all-equal
+    with probability ``p_equal`` is generated.
+
+    Generating it costs one group, dropped with probability q = ``p_equal``; kept, its
+    weight 1/a makes the update's expectation that of no selection. Accepting with
+    a = kappa * sqrt((1-q)/q) minimises the weighted gradient's variance for a given
+    expected number of drops (a Lagrangian in a; ``benchmarks/results/selection.md``).
+    kappa is set so that a = 1 at q = ``threshold`` (below it every item is generated),
+    and a never falls below ``floor``, so a weight is at most 1/floor.
+
+    >>> [round(acceptance_probability(q, 0.2, 0.1), 4) for q in (0.1, 0.2, 0.5, 0.8, 0.99)]
+    [1.0, 1.0, 0.5, 0.25, 0.1]
+    """
+    if p_equal <= threshold:
+        return 1.0
+    a = math.sqrt(threshold / (1.0 - threshold) * (1.0 - p_equal) / p_equal)
+    return max(floor, min(1.0, a))
+
+
+def uniform(seed: int, item_id: str, version: int) -> float:
+    """A uniform draw in [0, 1) that is a pure function of (run seed, item, weight
+    version): the gate's decisions stay reproducible at η = 0 and across a resume."""
+    digest = hashlib.blake2b(f"{seed}:{version}:{item_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
 
 
 @dataclass
@@ -360,7 +426,14 @@ def build_gate(cfg: Any, tokenizer: Any, sampling: SamplingParams) -> Likelihood
         return None
     sel = cfg.selection
     return LikelihoodGate(
-        tokenizer, sampling, cfg.rollout.group_size, sel.threshold, sel.skip_all_wrong
+        tokenizer,
+        sampling,
+        cfg.rollout.group_size,
+        sel.threshold,
+        sel.skip_all_wrong,
+        sel.acceptance,
+        sel.min_acceptance,
+        cfg.seed,
     )
 
 
