@@ -123,6 +123,25 @@ def test_weighted_items_and_a_decision_that_expires() -> None:
     }
     assert weighted(heavy, None).metadata == item.metadata  # scored again: no stale weight
     assert weighted(heavy, 4.0).metadata[WEIGHT_KEY] == 4.0
+    # a held decision scored again: a new weight, or none where the scoring failed
+    gate = _gate("importance")
+    held = [weighted(Item(id=f"h{i}", prompt="1+2=", answer="3"), 9.0) for i in range(40)]
+    _, accepted, unscored = asyncio.run(gate.score_ahead(_Scores(-0.05), held))
+    q = math.exp(-0.4)
+    assert accepted and all(
+        it.metadata[WEIGHT_KEY] == pytest.approx(2 / math.sqrt((1 - q) / q)) for it in accepted
+    )
+    _, accepted, unscored = asyncio.run(gate.score_ahead(_Broken(), held))
+    assert not accepted and len(unscored) == 40
+    assert all(WEIGHT_KEY not in it.metadata for it in unscored)
+
+
+class _Broken(_Scores):
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        raise RuntimeError("engine broke")
 
 
 def _traj(reward: float, item: int, weight: float | None) -> Trajectory:

@@ -182,7 +182,7 @@ class LikelihoodGate:
                     choice.detail = f"predicted P(all {self.group_size} {side}) {bound}"
             elif decided:  # accepted (or failed) after the choice: back to the pool
                 choice.outcomes.append("spare")
-                choice.spares.append(candidate)
+                choice.spares.append(weighted(candidate, None))  # decided again when issued
             elif isinstance(result, BaseException):  # the item fails with its scoring error
                 choice.outcomes.append("failed")
                 choice.error = result
@@ -209,7 +209,7 @@ class LikelihoodGate:
                 outcomes.append(f"predicted_all_{result[0]}")
             elif isinstance(result, BaseException):
                 outcomes.append("spare")
-                unscored.append(candidate)
+                unscored.append(weighted(candidate, None))
             else:
                 outcomes.append("accepted")
                 accepted.append(weighted(candidate, result))
