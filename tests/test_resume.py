@@ -214,9 +214,13 @@ def test_eta0_kill_and_resume_leaves_bit_identical_weights(
 
 
 @pytest.mark.slow
-def test_eta0_kill_and_resume_with_the_likelihood_gate_decides_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("acceptance", ["skip", "importance"])
+def test_eta0_kill_and_resume_with_the_likelihood_gate_decides_the_same(
+    tmp_path: Path, acceptance: str
+) -> None:
     """The gate's candidate bundles, spares and budget survive a SIGKILL: the resumed run
-    scores, skips, hands back and consumes exactly what the uninterrupted run did. (Its
+    scores, skips, hands back and consumes exactly what the uninterrupted run did, and
+    so do importance acceptance's random draws (seeded by item and version). (Its
     weights agree only up to float rounding, as with dynamic sampling: a chosen
     candidate's samples reach the engine a few event-loop turns after its scoring step,
     so which step first batches them depends on timing.)"""
@@ -225,7 +229,9 @@ def test_eta0_kill_and_resume_with_the_likelihood_gate_decides_the_same(tmp_path
         "selection.kind=likelihood",
         "rollout.ignore_eos=false",  # the gate scores answer + EOS
         *("sft.steps=150", "sft.examples_per_step=16", "sft.lr=0.003"),
-        "selection.threshold=0.001",  # a weak policy: p_hat of 0.18 is enough
+        # a weak policy: p_hat of 0.18 is enough; importance: about 1 in 3 generated
+        f"selection.threshold={0.001 if acceptance == 'skip' else 1e-4}",
+        f"selection.acceptance={acceptance}",
     )
     _full_and_killed(tmp_path, args, "likelihood")
     summary = _check_books(tmp_path / "killed", 16, 4, eta=0)
