@@ -144,6 +144,13 @@ class AlgorithmConfig(_Section):
     dynamic_sampling: bool = Field(
         True, description="Drop groups whose rewards are all equal (counted) and refill."
     )
+    max_dropped_in_a_row: int = Field(
+        1000,
+        ge=0,
+        description="Dynamic sampling: stop the run with an error after this many generated "
+        "groups in a row were dropped for equal rewards (the policy gets every sample right, "
+        "or every one wrong: nothing to learn), with a console warning from 100 on; 0 = never.",
+    )
     gamma: float = Field(0.99, ge=0, le=1, description="Discount (gae, vtrace).")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (gae).")
     vf_coef: float = Field(0.5, ge=0, description="Value-loss weight (gae, vtrace).")

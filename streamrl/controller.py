@@ -479,6 +479,7 @@ class Session:
             max_restarts=cfg.runtime.max_worker_restarts,
             worker_timeout_s=cfg.runtime.worker_timeout_s,
             max_consecutive_failures=cfg.rollout.max_consecutive_failures,
+            max_dropped_in_a_row=cfg.algorithm.max_dropped_in_a_row,
             logger=self.run.log,
             **pool_selection(cfg),
         )

@@ -31,6 +31,7 @@ CHANGEABLE_ON_RESUME = (
     "run.keep_checkpoints",
     "eval.every",
     "rollout.max_consecutive_failures",
+    "algorithm.max_dropped_in_a_row",
 )
 
 
@@ -55,7 +56,8 @@ def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
         raise ConfigError(
             f"--resume {run_dir}: {key} cannot change on resume (was {was!r}, given {now!r}): "
             "it would break the run; only runtime.*, run.progress, run.checkpoint_every, "
-            "run.keep_checkpoints, eval.every and rollout.max_consecutive_failures may"
+            "run.keep_checkpoints, eval.every, rollout.max_consecutive_failures and "
+            "algorithm.max_dropped_in_a_row may"
         )
     return cfg
 

@@ -33,6 +33,11 @@ class EpisodesFailing(RuntimeError):
     """Every recent item failed: the run cannot learn (a broken reward, bad data, ...)."""
 
 
+class NothingToLearn(EpisodesFailing):
+    """Every recent group was dropped for equal rewards (``algorithm.max_dropped_in_a_row``):
+    the policy gets every sample right, or every one wrong."""
+
+
 class PoolBooks:
     def __init__(self) -> None:
         self.restarts = 0  # rollout workers replaced

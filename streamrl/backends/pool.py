@@ -48,7 +48,13 @@ import torch
 
 from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.backends.base import Backend, WorkerLost
-from streamrl.backends.books import START_TIMEOUT_S, EpisodesFailing, PoolBooks, WorkersUnreachable
+from streamrl.backends.books import (
+    START_TIMEOUT_S,
+    EpisodesFailing,
+    NothingToLearn,
+    PoolBooks,
+    WorkersUnreachable,
+)
 from streamrl.data.selection import PromptSelector
 from streamrl.data.selection_likelihood import CandidateBudget, weighted
 from streamrl.messages import (
@@ -84,6 +90,7 @@ class RolloutPool(PoolBooks):
         max_restarts: int = 3,
         worker_timeout_s: float = 60.0,
         max_consecutive_failures: int = 0,
+        max_dropped_in_a_row: int = 0,
         interval_s: float = 0.002,
         logger: logging.Logger | None = None,
         selector: PromptSelector | None = None,
@@ -100,6 +107,7 @@ class RolloutPool(PoolBooks):
         self.backend, self.stream, self.items = backend, stream, items
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
+        self.max_dropped_in_a_row = max_dropped_in_a_row  # equal-reward groups; 0: never
         self.interval_s = getattr(backend, "poll_interval_s", interval_s)
         self.log = logger or logging.getLogger("streamrl.pool")
         n = backend.num_workers
@@ -124,6 +132,8 @@ class RolloutPool(PoolBooks):
         self._latest = self._merged = -1  # the trainer's last version, and the spares' merge
         self._streak, self._streak_first = 0, ""  # failed items in a row, and the first
         self._unwarned, self._last_warn = 0, 0.0
+        self._dropped = (0, 0.0, 0)  # groups dropped in a row, their reward sum and samples
+        self._last_drop_warn = 0.0
         self._lock = threading.RLock()  # the pump's state: reports, sends, in-flight items
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -326,6 +336,7 @@ class RolloutPool(PoolBooks):
                 self._gate_report(msg)
                 self._add_rollout_stats(msg)
                 self._note_failure(msg)
+                self._note_dropped(msg)
                 if isinstance(msg, GroupDone):
                     self.stream.put(Group(msg.item_index, -1, list(msg.trajectories)))
                     continue
@@ -391,6 +402,36 @@ class RolloutPool(PoolBooks):
             raise EpisodesFailing(
                 f"{self._streak} items in a row failed (rollout.max_consecutive_failures="
                 f"{limit}); the first: {self._streak_first}"
+            )
+
+    def _note_dropped(self, msg: GroupDone | GroupRejected) -> None:
+        """Count generated groups dropped for equal rewards in a row (a consumed group
+        resets it; a failed or gate-skipped item, never generated, leaves it): warn from
+        100 on, rate-limited, and give up after ``max_dropped_in_a_row`` (the policy gets
+        every sample right, or every one wrong, and dynamic sampling would spin)."""
+        if isinstance(msg, GroupDone):
+            self._dropped = (0, 0.0, 0)
+            return
+        if msg.reason != EQUAL_REWARDS:
+            return
+        n, reward, samples = self._dropped
+        n, reward, samples = n + 1, reward + msg.reward_sum, samples + msg.scored
+        self._dropped = (n, reward, samples)
+        what = (
+            f"{n} groups in a row were dropped for equal rewards (dynamic sampling; their "
+            f"samples' mean reward {reward / max(samples, 1):.3f})"
+        )
+        now = time.monotonic()
+        if n >= 100 and now - self._last_drop_warn >= WARN_EVERY_S:
+            console.warning("%s: nothing to learn from them so far", what)
+            self._last_drop_warn = now
+        limit = self.max_dropped_in_a_row
+        if limit and n >= limit:
+            raise NothingToLearn(
+                f"{what}: each group's samples all got the same reward (all right or all "
+                "wrong), so nothing can be learned: start from a stronger policy (sft.steps) "
+                f"or use an easier task (algorithm.max_dropped_in_a_row={limit} sets this "
+                "limit; 0 = never stop)"
             )
 
     def _note_sync(self, now: float) -> None:
