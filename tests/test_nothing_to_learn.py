@@ -15,7 +15,7 @@ from streamrl.backends import RolloutPool
 from streamrl.backends.books import EpisodesFailing, NothingToLearn
 from streamrl.config import load_config
 from streamrl.controller import run_training
-from streamrl.messages import GroupDone, GroupRejected, StartItems
+from streamrl.messages import GroupDone, GroupRejected
 from streamrl.stream import SampleStream
 from streamrl.types import Item
 from tests.test_selection import ScriptedBackend
@@ -25,20 +25,13 @@ class _Graded(ScriptedBackend):
     """'right*' items: all 4 samples right (reward 1, dropped); 'wrong*': all wrong
     (reward 0, dropped); 'skip*': skipped by the gate; the others mixed (consumed)."""
 
-    def send(self, worker: int, command) -> None:
-        if not isinstance(command, StartItems):
-            return
-        with self.lock:
-            for it in command.items:
-                self.started.append(it.id)
-                if it.id.startswith(("right", "wrong")):
-                    r = 1.0 if it.id.startswith("right") else 0.0
-                    msg = GroupRejected(it.index, "filtered", "zero_reward_std", "", 4 * r, 4)
-                elif it.id.startswith("skip"):
-                    msg = GroupRejected(it.index, "filtered", "predicted_all_correct")
-                else:
-                    msg = GroupDone(it.index, (), 2.0, 4, rewards=(1.0, 1.0, 0.0, 0.0))
-                self.reports.append((0, msg))
+    def report(self, it: Item) -> GroupDone | GroupRejected:
+        if it.id.startswith(("right", "wrong")):
+            r = 1.0 if it.id.startswith("right") else 0.0
+            return GroupRejected(it.index, "filtered", "zero_reward_std", "", 4 * r, 4)
+        if it.id.startswith("skip"):
+            return GroupRejected(it.index, "filtered", "predicted_all_correct")
+        return GroupDone(it.index, (), 2.0, 4, rewards=(1.0, 1.0, 0.0, 0.0))
 
 
 def _drain(ids: list[str], limit: int) -> tuple[RolloutPool, SampleStream]:

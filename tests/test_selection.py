@@ -136,11 +136,12 @@ class ScriptedBackend:
         with self.lock:
             for it in command.items:
                 self.started.append(it.id)
-                if it.id.startswith("easy"):
-                    msg = GroupRejected(it.index, "filtered", "zero_reward_std", rewards=(1.0,) * 4)
-                else:
-                    msg = GroupDone(it.index, (), 2.0, 4, rewards=(1.0, 1.0, 0.0, 0.0))
-                self.reports.append((0, msg))
+                self.reports.append((0, self.report(it)))
+
+    def report(self, it: Item) -> GroupDone | GroupRejected:
+        if it.id.startswith("easy"):
+            return GroupRejected(it.index, "filtered", "zero_reward_std", rewards=(1.0,) * 4)
+        return GroupDone(it.index, (), 2.0, 4, rewards=(1.0, 1.0, 0.0, 0.0))
 
     def poll(self):
         with self.lock:
