@@ -417,15 +417,17 @@ class RolloutPool(PoolBooks):
         n, reward, samples = self._dropped
         n, reward, samples = n + 1, reward + msg.reward_sum, samples + msg.scored
         self._dropped = (n, reward, samples)
+        limit, now = self.max_dropped_in_a_row, time.monotonic()
+        warn = n >= 100 and now - self._last_drop_warn >= WARN_EVERY_S
+        if not (warn or (limit and n >= limit)):
+            return
         what = (
             f"{n} groups in a row were dropped for equal rewards (dynamic sampling; their "
             f"samples' mean reward {reward / max(samples, 1):.3f})"
         )
-        now = time.monotonic()
-        if n >= 100 and now - self._last_drop_warn >= WARN_EVERY_S:
+        if warn:
             console.warning("%s: nothing to learn from them so far", what)
             self._last_drop_warn = now
-        limit = self.max_dropped_in_a_row
         if limit and n >= limit:
             raise NothingToLearn(
                 f"{what}: each group's samples all got the same reward (all right or all "
