@@ -31,7 +31,7 @@ success rate, that over-states P(all wrong); it suits tasks whose reference is t
 accepted form of the answer, as on the main job.
 
 Importance acceptance (``selection.acceptance=importance``). Skipping every item above
-the threshold changes what the update sees: the mixed groups of easy prompts (p ~ 0.85
+the threshold changes what the update sees: the mixed groups of easy prompts (p ~ 0.8
 to 0.95), which sharpen the sampled policy, are never generated. Instead an item is
 generated with probability a(P_hat(all equal)) (:func:`acceptance_probability`: 1 up to
 the threshold, falling as sqrt((1-q)/q) above it, never below ``min_acceptance``), and
