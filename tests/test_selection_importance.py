@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from streamrl.algorithms import build_algorithm
+from streamrl.backends import RolloutPool
 from streamrl.config import load_config
 from streamrl.data.selection_likelihood import (
     WEIGHT_KEY,
@@ -23,9 +24,10 @@ from streamrl.data.selection_likelihood import (
 from streamrl.engines.train import TrainEngine
 from streamrl.models import load_model_and_tokenizer
 from streamrl.preflight import PreflightError, check_selection
-from streamrl.stream import Group
+from streamrl.stream import Group, SampleStream
 from streamrl.timing import StageTimer
 from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams, Trajectory
+from tests.test_selection import ScriptedBackend
 
 
 def test_the_acceptance_probability_against_hand_computed_values() -> None:
@@ -187,3 +189,15 @@ def test_importance_acceptance_needs_the_likelihood_gate_and_a_policy_gradient()
     ok = ["selection.kind=likelihood", "selection.acceptance=importance"]
     check_selection(load_config(None, ok))
     check_selection(load_config(None, [*ok, "algorithm.advantage=remax"]))
+
+
+def test_a_spare_is_drawn_without_the_weight_of_an_earlier_decision() -> None:
+    """A decision made ahead that expired, or one restored from a checkpoint, goes back to
+    the spares with its weight; the pool draws it unweighted (the gate decides again)."""
+    fresh = iter([Item(id="new", prompt="1+1=", answer="2")])
+    pool = RolloutPool(ScriptedBackend(), SampleStream(2, 1), fresh)
+    held = weighted(Item(id="held", prompt="1+2=", answer="3"), 4.0)
+    pool._spares.append(held)
+    drawn = pool._draw()
+    assert drawn.id == "held" and WEIGHT_KEY not in drawn.metadata
+    assert pool._draw().id == "new"

@@ -172,8 +172,7 @@ class RolloutPool(PoolBooks):
         self._spares.extend(self._returned_items())
         self._returned.clear()
         while self._ahead and self._ahead[0][1] < self._latest - self.score_ahead:
-            # too old: scored again when issued
-            self._spares.append(weighted(self._ahead.popleft()[0], None))
+            self._spares.append(self._ahead.popleft()[0])  # too old: scored again when issued
             self.candidates.count_ahead("expired")  # type: ignore[union-attr]
         if self.candidates is not None:
             self.candidates.advance()
@@ -216,7 +215,7 @@ class RolloutPool(PoolBooks):
 
     def _held_ahead(self) -> list[Item]:
         """Candidates accepted ahead, then those a worker is scoring ahead now."""
-        out = [weighted(item, None) for item, _ in self._ahead]  # spares when restored
+        out = [item for item, _ in self._ahead]
         return out + [it for sent in self._scoring if sent is not None for it in sent[1]]
 
     def restore(self, state: dict) -> None:
@@ -559,8 +558,9 @@ class RolloutPool(PoolBooks):
     def _draw(self) -> Item:
         """The next spare the gate handed back (an item of its own, no alternates), else
         the next item of the task source the selector accepts (skipped ones are drawn,
-        counted in ``selection/skipped``, and never issued)."""
-        return self._spares.popleft() if self._spares else self._draw_fresh()
+        counted in ``selection/skipped``, and never issued). A spare is decided again, so
+        it loses any importance weight of an earlier decision (one made ahead, expired)."""
+        return weighted(self._spares.popleft(), None) if self._spares else self._draw_fresh()
 
     def _draw_fresh(self) -> Item:
         while True:
