@@ -245,7 +245,7 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
     the accepted ones are issued first, alone, generated without scoring again, and
     nothing drawn is lost."""
     pool, backend, stream = _run(steps=8, eta=1, ahead=2, train_s=0.05)
-    pool._receive()  # the reports sent after the last step (this backend works inline)
+    pool._receive(backend.poll())  # the reports sent after the last step (inline backend)
     assert pool._scoring[0] is None and not pool.inflight[0]
     stream.close()
     stream.check_accounting()

@@ -62,6 +62,7 @@ from streamrl.messages import (
     GroupDone,
     GroupRejected,
     Pause,
+    Report,
     Resume,
     ScoreAhead,
     ScoredAhead,
@@ -299,9 +300,12 @@ class RolloutPool(PoolBooks):
     def _pump(self) -> None:
         try:
             while not self._stop.is_set():
+                # off the lock: a worker's reports can stream in for a while, and the
+                # trainer's checkpoint of these books must not wait for the last one
+                reports = self.backend.poll()
                 with self._lock:
                     self._merge_spares()
-                    busy = self._receive()
+                    busy = self._receive(reports)
                     self._check_workers()
                     busy |= self._dispatch()
                 if not busy:
@@ -315,8 +319,7 @@ class RolloutPool(PoolBooks):
                 self.error.__cause__ = e
             self.log.error("rollout pool stopped: %s", e)
 
-    def _receive(self) -> bool:
-        reports = self.backend.poll()
+    def _receive(self, reports: list[tuple[int, Report]]) -> bool:
         now = time.monotonic()
         for w, msg in reports:
             self._last_seen[w] = now
