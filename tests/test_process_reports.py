@@ -1,5 +1,5 @@
-"""How a worker's reports reach the pool: plain arrays through the pipe (not torch's
-shared-memory handles), and read without holding the pool's books."""
+"""How commands and reports cross a process worker's pipes: tensors as plain arrays (not
+torch's shared-memory handles), read by the pool without holding its books."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import threading
 import torch
 
 from streamrl.backends import RolloutPool
-from streamrl.backends.process import _sender
-from streamrl.messages import GroupDone, WorkerCrashed
+from streamrl.backends.process import _dumps, _sender
+from streamrl.messages import GroupDone, StartItems, WorkerCrashed
 from streamrl.stream import SampleStream
-from streamrl.types import Trajectory
+from streamrl.types import Item, Trajectory
 from tests.test_selection import ScriptedBackend, _keys
 
 
@@ -49,6 +49,17 @@ def test_report_tensors_cross_the_pipe_as_plain_arrays() -> None:
         assert a.metadata["text"] == "12" and a.item_index == 7
     _sender(w)(WorkerCrashed("Traceback: boom"))
     assert r.recv() == WorkerCrashed("Traceback: boom")
+
+
+def test_commands_carry_logged_transitions_the_same_way() -> None:
+    """Offline items hold their transitions in the item: down the command pipe too."""
+    r, w = mp.Pipe(duplex=False)
+    obs = torch.randn(6, 3)
+    item = Item(id="ep0", prompt="", answer=None, metadata={"transitions": {"obs": obs}})
+    w.send_bytes(_dumps(StartItems((item,))))
+    got = r.recv()
+    sent_obs = got.items[0].metadata["transitions"]["obs"]
+    assert torch.equal(sent_obs, obs) and not sent_obs.is_shared() and not obs.is_shared()
 
 
 class _SlowPipe(ScriptedBackend):
