@@ -9,7 +9,8 @@ import threading
 import torch
 
 from streamrl.backends import RolloutPool
-from streamrl.backends.process import _dumps, _sender
+from streamrl.backends.process import _sender
+from streamrl.backends.wire import dumps
 from streamrl.messages import GroupDone, StartItems, WorkerCrashed
 from streamrl.stream import SampleStream
 from streamrl.types import Item, Trajectory
@@ -56,7 +57,7 @@ def test_commands_carry_logged_transitions_the_same_way() -> None:
     r, w = mp.Pipe(duplex=False)
     obs = torch.randn(6, 3)
     item = Item(id="ep0", prompt="", answer=None, metadata={"transitions": {"obs": obs}})
-    w.send_bytes(_dumps(StartItems((item,))))
+    w.send_bytes(dumps(StartItems((item,))))
     got = r.recv()
     sent_obs = got.items[0].metadata["transitions"]["obs"]
     assert torch.equal(sent_obs, obs) and not sent_obs.is_shared() and not obs.is_shared()

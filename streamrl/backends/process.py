@@ -1,7 +1,7 @@
 """``process`` backend: each rollout worker is a subprocess with its own cores.
 
 Commands go down one pipe per worker and reports come back up another, their tensors
-pickled as plain arrays (:class:`_Pickler`), not as shared-memory handles. The
+pickled as plain arrays (:mod:`streamrl.backends.wire`), not as shared-memory handles. The
 parent closes its copies of the child's pipe ends, so a worker killed mid-message
 shows up as end-of-file (never as a read that blocks forever), and a message is
 either received whole or not at all. Weights travel through shared memory
@@ -11,9 +11,7 @@ either received whole or not at all. Weights travel through shared memory
 from __future__ import annotations
 
 import asyncio
-import io
 import os
-import pickle
 import signal
 import threading
 import traceback
@@ -27,40 +25,12 @@ from streamrl.backends.base import WorkerLost
 from streamrl.backends.placement import apply
 from streamrl.backends.shared_weights import SharedWeights, SharedWeightsReader
 from streamrl.backends.spec import WorkerSpec
+from streamrl.backends.wire import dumps
 from streamrl.messages import Command, Report, Stop, WorkerCrashed
 
 
-class _Pickler(pickle.Pickler):
-    """Pickles a message's tensors as plain arrays. torch's own reduction for a pipe moves
-    every tensor into shared memory and hands its file descriptor over a socket, with a
-    handshake each: on the main job that cost the worker as much time as its decode
-    steps, and the trainer's reads of a batch's reports about 0.25 s."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is torch.Tensor and obj.dtype in _NUMPY_DTYPES and not obj.requires_grad:
-            return _tensor, (obj.numpy(force=True),)
-        return NotImplemented
-
-
-_NUMPY_DTYPES = frozenset(
-    (torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32, torch.float64)
-)
-
-
-def _tensor(array: Any) -> torch.Tensor:
-    return torch.from_numpy(array)
-
-
-def _dumps(message: Command | Report) -> memoryview:
-    """A command or report for ``conn.send_bytes`` (:class:`_Pickler`); the other end's
-    ``conn.recv`` unpickles it as it would anything else."""
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
-    return buf.getbuffer()
-
-
 def _sender(conn: Any) -> Callable[[Command | Report], None]:
-    return lambda message: conn.send_bytes(_dumps(message))
+    return lambda message: conn.send_bytes(dumps(message))
 
 
 def _worker_main(
@@ -146,7 +116,7 @@ class ProcessBackend:
             raise WorkerLost(self._why[worker])
         try:
             with self._send_lock:  # the pump and the trainer thread both send
-                self._cmd[worker].send_bytes(_dumps(command))
+                self._cmd[worker].send_bytes(dumps(command))
         except (BrokenPipeError, EOFError, OSError) as e:
             self._why.setdefault(worker, f"command pipe broken: {e!r}")
             raise WorkerLost(self._why[worker]) from e

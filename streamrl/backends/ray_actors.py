@@ -27,6 +27,7 @@ import torch
 from streamrl.backends.base import WorkerLost, drain
 from streamrl.backends.placement import apply
 from streamrl.backends.spec import WorkerSpec
+from streamrl.backends.wire import dumps, loads
 from streamrl.messages import Command, Report, WorkerCrashed
 
 
@@ -78,11 +79,12 @@ class _RolloutActor:
         except BaseException:
             self._reports.put(WorkerCrashed(traceback.format_exc()))
 
-    def send(self, command: Command) -> None:
-        self.worker.inbox.put(command)
+    def send(self, command: bytes) -> None:
+        self.worker.inbox.put(loads(command))
 
-    def poll(self) -> list[Report]:
-        return drain(self._reports)
+    def poll(self) -> bytes:
+        """The reports since the last call (:mod:`streamrl.backends.wire`)."""
+        return dumps(drain(self._reports))
 
     def update_weights(self, weights: dict, version: int) -> None:
         if version <= self._staged:  # never step back, whatever order calls arrive in
@@ -140,7 +142,7 @@ class RayBackend:
     def send(self, worker: int, command: Command) -> None:
         if worker in self._why:
             raise WorkerLost(self._why[worker])
-        self.actors[worker].send.remote(command)  # a failure shows up on the next poll
+        self.actors[worker].send.remote(dumps(command))  # a failure shows up on the next poll
 
     def poll(self) -> list[tuple[int, Report]]:
         """Never blocks and never drops reports: each worker has at most one poll call
@@ -159,7 +161,7 @@ class RayBackend:
                 continue  # still running (or hung: the pool's heartbeat timeout decides)
             del self._polls[w]
             try:
-                reports = ray.get(ref)
+                reports = loads(ray.get(ref))
             except ray.exceptions.ActorUnavailableError:
                 continue  # transient: ask again
             except ray.exceptions.RayError as e:  # RayActorError, ActorDiedError, ...
