@@ -64,23 +64,24 @@ def test_commands_carry_logged_transitions_the_same_way() -> None:
 
 
 class _SlowPipe(ScriptedBackend):
-    """Its poll lasts until the test says so, like a worker whose reports stream in."""
+    """After a publish, its next poll lasts until the test says so, like a worker whose
+    reports stream in."""
 
     def __init__(self) -> None:
         super().__init__()
         self.polling, self.go_on = threading.Event(), threading.Event()
-        self.waited_out = False
+        self.armed = self.waited_out = False
 
     def poll(self):
-        if self.version > 0:  # once the pool is running: block the first poll after
+        if self.armed:
+            self.armed = False
             self.polling.set()
             self.waited_out = not self.go_on.wait(timeout=60)
-            self.version = -1  # once
         return super().poll()
 
     def publish(self, state_dict, version: int) -> None:
         super().publish(state_dict, version)
-        self.version = version
+        self.armed = True
 
 
 def test_a_checkpoint_does_not_wait_for_a_poll_in_progress() -> None:
@@ -94,8 +95,8 @@ def test_a_checkpoint_does_not_wait_for_a_poll_in_progress() -> None:
         pool.wait_version(0, timeout=60)
         pool.publish({}, 1)
         assert backend.polling.wait(timeout=60), "the pump never polled"
-        state, _ = pool.checkpoint()  # would deadlock (until the 60 s) under the lock
-        backend.go_on.set()
+        state, _ = pool.checkpoint()  # under the pump's lock: waits until the 60 s pass
+        assert not backend.go_on.is_set() and state["drawn"] >= 2
     finally:
         backend.go_on.set()
         pool.stop()
