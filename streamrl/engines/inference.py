@@ -20,7 +20,8 @@ Steps are serialised by a lock and are the only place the model runs, so a
 weight update lands exactly between two tokens: a sequence in flight keeps its
 KV cache and simply continues with the new weights (interruptible generation).
 
-``generate`` drives steps on the calling thread until its requests are done.
+``generate`` drives steps on the calling thread until its requests are done (both calls
+live in :mod:`streamrl.engines.batching`, shared with the vLLM engine).
 ``agenerate`` enqueues and awaits a future; the first call on an event loop
 starts a scheduler task that runs steps on the engine's single worker thread
 (``run_in_executor``) while there is work, so the loop stays free for episodes
@@ -31,7 +32,6 @@ list, hence identical results.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import heapq
 import threading
@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrl.engines.batching import StepEngine, stop_string_hit, stop_window
 from streamrl.engines.fused_layers import fused_away, supports_fused
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
 from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
-from streamrl.engines.staging import WeightStaging
 from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
@@ -95,7 +95,7 @@ class _Seq:
         return self.request.prompt_ids + forced[: self.scored]
 
 
-class LocalEngine(WeightStaging):
+class LocalEngine(StepEngine):
     """Batched KV-cache inference with continuous batching over ``decode_slots`` slots.
 
     model:          a transformers causal LM; Llama-family models take the fast
@@ -198,71 +198,12 @@ class LocalEngine(WeightStaging):
         self._raw = [True] * s
 
         self._queue_lock = threading.Lock()  # _pending
-        self._step_lock = threading.Lock()  # one step (and weight load) at a time
-        self._init_staging(self._step_lock)
-        self._resumed = threading.Event()
-        self._resumed.set()
-        self._executor: ThreadPoolExecutor | None = None
-        self._scheduler: asyncio.Task[None] | None = None
+        self._init_steps()
         self._undriven = threading.Event()  # clear while another thread drives (drive)
         self._recent_steps: collections.deque[float] = collections.deque(maxlen=32)
         self._undriven.set()
 
     # ------------------------------------------------------------------ public API
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Generates all requests (continuous batching); results in request order."""
-        results: list[GenerationResult | BaseException | None] = [None] * len(requests)
-        remaining = [len(requests)]
-
-        def setter(i: int) -> Callable[[GenerationResult | BaseException], None]:
-            def on_done(res: GenerationResult | BaseException) -> None:
-                results[i] = res
-                remaining[0] -= 1
-
-            return on_done
-
-        self._enqueue([(r, setter(i)) for i, r in enumerate(requests)])
-        while remaining[0]:
-            self._step()
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        return results  # type: ignore[return-value]
-
-    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
-        """Generates one request, batched with every other concurrent call."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[GenerationResult] = loop.create_future()
-
-        def resolve(res: GenerationResult | BaseException) -> None:
-            if fut.done():  # the awaiting task was cancelled
-                return
-            if isinstance(res, BaseException):
-                fut.set_exception(res)
-            else:
-                fut.set_result(res)
-
-        def on_done(res: GenerationResult | BaseException) -> None:
-            loop.call_soon_threadsafe(resolve, res)
-
-        self._enqueue([(request, on_done)])
-        if self._scheduler is None or self._scheduler.done():
-            self._scheduler = loop.create_task(self._schedule())
-        return await fut
-
-    def pause(self) -> None:
-        """Stops decoding at the next step boundary until :meth:`resume`."""
-        self._resumed.clear()
-
-    def resume(self) -> None:
-        self._resumed.set()
-
-    def close(self) -> None:
-        """Stops the async worker thread (the engine stays usable for ``generate``)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-
     @property
     def num_active(self) -> int:
         return sum(s is not None for s in self._slots)
@@ -279,34 +220,12 @@ class LocalEngine(WeightStaging):
                 raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
             if req.params.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer: LocalEngine(model, tokenizer)")
-            window = max((len(s) for s in req.params.stop), default=0)
-            seqs.append(_Seq(req, on_done, stop_window=window + 4 if window else 0))
+            seqs.append(_Seq(req, on_done, stop_window=stop_window(req.params.stop)))
         with self._queue_lock:
             self._pending.extend(seqs)
 
     def _has_work(self) -> bool:
         return bool(self._pending) or any(s is not None for s in self._slots)
-
-    async def _schedule(self) -> None:
-        """Runs steps on the worker thread while any request is pending or active."""
-        loop = asyncio.get_running_loop()
-        if self._executor is None:
-            # the step thread computes with the caller's torch thread count (a new thread
-            # would take the process-wide count of its first op, and a different count
-            # changes the floating-point reduction order: agenerate would differ from generate)
-            self._executor = ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix="streamrl-engine",
-                initializer=set_thread_torch_threads,
-                initargs=(torch.get_num_threads(),),
-            )
-        try:
-            while self._has_work():
-                await loop.run_in_executor(self._executor, self._scheduled_step)
-        except BaseException as exc:  # e.g. executor closed or loop cancelled: fail, don't hang
-            with self._step_lock:
-                self._fail_all(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
-            raise
 
     def drive(
         self, threads: int, until: Callable[[], bool], min_step_s: float | None = None
@@ -549,8 +468,7 @@ class LocalEngine(WeightStaging):
 
     def _hit_stop_string(self, q: _Seq) -> bool:
         """Decodes only the last few tokens: a stop string completed by this token ends in them."""
-        tail = self.tokenizer.decode(q.token_ids[-q.stop_window :])
-        return any(s in tail for s in q.request.params.stop)
+        return stop_string_hit(self.tokenizer, q.token_ids, q.request.params.stop, q.stop_window)
 
     def _release(self, q: _Seq, reason: str) -> None:
         s = q.slot
