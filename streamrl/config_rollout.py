@@ -10,6 +10,26 @@ from pydantic import Field
 from streamrl.config_stages import _Section
 
 
+class VLLMOptions(_Section):
+    """vLLM's own engine arguments (``rollout.engine: vllm``); streamrl sets the rest."""
+
+    dtype: str = Field(
+        "bfloat16",
+        description="vLLM's weights and activations (the trainer keeps model.dtype; the gap "
+        "shows in mismatch/*, see algorithm.is_correction).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of the GPU vLLM may take (weights and KV cache); the trainer "
+        "shares the GPU in the local backend.",
+    )
+    enforce_eager: bool = Field(
+        False, description="No CUDA graphs (faster start, slower decode steps)."
+    )
+
+
 class RolloutConfig(_Section):
     episode: str = Field(
         "single_turn",
@@ -32,6 +52,19 @@ class RolloutConfig(_Section):
     )
     decode_slots: int = Field(
         64, ge=1, description="Sequences the inference engine decodes at once (its KV-cache slots)."
+    )
+    engine: Literal["local", "vllm"] = Field(
+        "local",
+        description="Rollout engine: 'local' (built in, CPU or GPU) or 'vllm' (vLLM in the "
+        "worker's process, a CUDA machine, `pip install 'streamrl[vllm]'`; options in "
+        "rollout.vllm). Evaluation always uses the built-in engine.",
+    )
+    vllm: VLLMOptions = Field(
+        default_factory=lambda: VLLMOptions(),
+        description="vLLM's engine arguments when rollout.engine=vllm: dtype (its weights "
+        "and activations; the trainer keeps model.dtype, the gap shows in mismatch/*), "
+        "gpu_memory_utilization (the share of the GPU it takes), enforce_eager (no CUDA "
+        "graphs). streamrl sets the rest (benchmarks/results/gpu.md).",
     )
     engine_weights: Literal["float32", "float16"] = Field(
         "float32",

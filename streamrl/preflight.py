@@ -163,6 +163,27 @@ def check_engine_compile(cfg: Config) -> None:
         )
 
 
+def check_vllm_engine(cfg: Config) -> None:
+    """rollout.engine=vllm: vLLM installed, a language model, and no options of the
+    built-in engine."""
+    if cfg.rollout.engine != "vllm":
+        return
+    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+        raise PreflightError("rollout.engine=vllm serves language models, not environment policies")
+    for key, value, default in (
+        ("rollout.engine_weights", cfg.rollout.engine_weights, "float32"),
+        ("rollout.compile", cfg.rollout.compile, False),
+    ):
+        if value != default:
+            raise PreflightError(f"{key}={value} applies to the built-in engine, not vllm")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise PreflightError(
+            "rollout.engine=vllm needs vLLM: pip install 'streamrl[vllm]' (a CUDA machine)"
+        ) from None
+
+
 def check_domains(cfg: Config, source: TaskSource) -> None:
     """A mixture's per-source correct rewards are reward components, and a component's
     ``domains`` are the mixture's source names."""
@@ -284,6 +305,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_engine_weights(cfg)
     check_train_compile(cfg)
     check_engine_compile(cfg)
+    check_vllm_engine(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "

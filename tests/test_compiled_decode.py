@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from streamrl.config import load_config
-from streamrl.engines.factory import engine_options
+from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.engines.inference import LocalEngine
 from streamrl.engines.quantize import PackedLinear, pack_linears
 from streamrl.launch import train
@@ -152,8 +152,10 @@ def test_preflight_refuses_what_cannot_be_compiled(overrides: list[str], message
 def test_rollout_compile_reaches_every_engine_built_from_the_config() -> None:
     assert engine_options(load_config(None, []))["compile_decode"] is False
     opts = engine_options(load_config(None, ["rollout.compile=true", "rollout.decode_slots=4"]))
-    assert opts == {"decode_slots": 4, "weights": "float32", "compile_decode": True}
-    engine = LocalEngine(tiny_llama(), **opts)
+    assert opts["compile_decode"] is True and opts["decode_slots"] == 4
+    assert opts["engine"] == "local"
+    engine = make_inference_engine(tiny_llama(), None, **opts)
+    assert isinstance(engine, LocalEngine)
     assert engine.runner.compiled is not None and engine.decode_slots == 4
 
 

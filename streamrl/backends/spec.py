@@ -17,15 +17,14 @@ from transformers import AutoModelForCausalLM
 from streamrl.algorithms import build_algorithm
 from streamrl.config import Config
 from streamrl.data.selection_likelihood import build_gate
-from streamrl.engines.factory import engine_options
-from streamrl.engines.inference import LocalEngine
+from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.episodes import build_episode, sampling_params
 from streamrl.models.loading import resolve_dtype
 from streamrl.rewards import build_reward
 from streamrl.rollout import Emit, RolloutWorker
 
 
-def make_worker(cfg: Config, engine: LocalEngine, tokenizer: Any, emit: Emit) -> RolloutWorker:
+def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> RolloutWorker:
     """The rollout worker of a run: the run's episode and algorithm on ``engine``."""
     episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
     return RolloutWorker(
@@ -46,7 +45,7 @@ class WorkerSpec:
     tokenizer: Any
     device: str = "cpu"
 
-    def build(self, emit: Emit) -> tuple[LocalEngine, RolloutWorker]:
+    def build(self, emit: Emit) -> tuple[Any, RolloutWorker]:
         """An engine with randomly initialised weights at version -1 (the backend
         loads the real ones before the worker reports ready) and its worker."""
         if isinstance(self.model_config, dict):  # an environment policy's config
@@ -58,7 +57,7 @@ class WorkerSpec:
         dtype = resolve_dtype(self.cfg.model.dtype)
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_config(self.model_config, dtype=dtype)
-        engine = LocalEngine(
+        engine = make_inference_engine(
             model, self.tokenizer, device=self.device, version=-1, **engine_options(self.cfg)
         )
         return engine, make_worker(self.cfg, engine, self.tokenizer, emit)

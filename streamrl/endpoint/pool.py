@@ -41,8 +41,7 @@ import torch
 from streamrl.algorithms import Filtered, build_algorithm
 from streamrl.backends.books import PoolBooks
 from streamrl.endpoint.openai_format import EndpointError
-from streamrl.engines.factory import engine_options
-from streamrl.engines.inference import LocalEngine
+from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.episodes import trajectory_from_result
 from streamrl.messages import GroupDone, GroupRejected
 from streamrl.rollout import sampling_seed
@@ -76,7 +75,7 @@ class EndpointPool(PoolBooks):
         super().__init__()
         self.cfg, self.tokenizer, self.stream, self.run_dir = cfg, tokenizer, stream, run_dir
         self.log = logger or logging.getLogger("streamrl.endpoint")
-        self.engine = engine or LocalEngine(
+        self.engine = engine or make_inference_engine(
             engine_model, tokenizer, device=device, **engine_options(cfg)
         )
         self.engine.update_weights(weights, version)

@@ -1,5 +1,6 @@
-"""The inference engine for a model: LocalEngine for language models, PolicyEngine for
-environment policies. One place decides, so backends and evaluation agree."""
+"""The inference engine for a model: LocalEngine (or, with ``rollout.engine: vllm``,
+VLLMEngine) for language models, PolicyEngine for environment policies. One place
+decides, so backends, recipes and the endpoint agree."""
 
 from __future__ import annotations
 
@@ -27,11 +28,21 @@ def make_inference_engine(
     version: int = 0,
     weights: EngineWeights = "float32",
     compile_decode: bool = False,
+    engine: str = "local",
+    vllm: dict[str, Any] | None = None,
 ) -> Any:
     if is_policy(model):
+        if engine != "local":
+            raise ValueError(f"rollout.engine={engine} serves language models, not policies")
         from streamrl.engines.policy import PolicyEngine
 
         return PolicyEngine(model, device=device, version=version)
+    if engine == "vllm":
+        from streamrl.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            model, tokenizer, decode_slots=decode_slots, version=version, **(vllm or {})
+        )
     from streamrl.engines.inference import LocalEngine
 
     return LocalEngine(
@@ -53,6 +64,8 @@ def engine_options(cfg: Config) -> dict[str, Any]:
         "decode_slots": r.decode_slots,
         "weights": r.engine_weights,
         "compile_decode": r.compile,
+        "engine": r.engine,
+        "vllm": r.vllm.model_dump(),
     }
 
 

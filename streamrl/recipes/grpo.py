@@ -33,8 +33,7 @@ import torch
 from streamrl.algorithms import build_algorithm, sft_loss
 from streamrl.config import Config, load_config
 from streamrl.data import build_task_source
-from streamrl.engines.factory import engine_options
-from streamrl.engines.inference import LocalEngine
+from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
 from streamrl.eval.evaluate import evaluate_model
@@ -65,7 +64,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
     # ---- 2. Inference engine, trainer, episode, algorithm ------------------------
     # The engine decodes with its own copy of the weights (batched KV cache); every
     # generated token comes back with its behaviour log-prob and weight version.
-    engine = LocalEngine(copy.deepcopy(model).eval(), tokenizer, **engine_options(cfg))
+    engine = make_inference_engine(copy.deepcopy(model).eval(), tokenizer, **engine_options(cfg))
     trainer = TrainEngine(
         model,
         weight_decay=cfg.train.weight_decay,
