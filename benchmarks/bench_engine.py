@@ -208,6 +208,12 @@ def main() -> None:
         help="also time each engine variant with its decode steps compiled "
         "(LocalEngine(compile_decode=True), rollout.compile); the warm-up pays the compile",
     )
+    ap.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also time vLLM behind streamrl's engine protocol (rollout.engine=vllm, "
+        "VLLMEngine; needs the [vllm] extra and a GPU), in --dtype",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -235,6 +241,13 @@ def main() -> None:
         )
         for w, fuse, tag in variants
     }
+    if args.vllm:
+        from streamrl.engines.vllm_engine import VLLMEngine
+
+        engines["vllm"] = VLLMEngine(
+            copy.deepcopy(model), _tok, decode_slots=args.batch, max_seq_len=max_len,
+            dtype=args.dtype, gpu_memory_utilization=0.3,
+        )  # fmt: skip
     for name, engine in engines.items():
         if name.endswith(" sdpa") and hasattr(engine.runner, "cache"):
             engine.runner.cache.decode_bmm = False
@@ -274,12 +287,15 @@ def main() -> None:
                     )
                 )
                 st, (n, t, c) = engine.stats, ours[w][-1]
-                line += (
-                    f" | engine[{w}] {n / t:.1f} tok/s ({n} tok, {t:.1f}s wall, {c:.1f}s cpu;"
-                    f" {st.decode_steps - before.decode_steps} decode steps,"
-                    f" {st.prefill_tokens - before.prefill_tokens} prompt tokens computed,"
-                    f" {st.prefix_tokens_reused - before.prefix_tokens_reused} reused)"
-                )
+                line += f" | engine[{w}] {n / t:.1f} tok/s ({n} tok, {t:.1f}s wall, {c:.1f}s cpu"
+                if w == "vllm":
+                    line += f"; {st.steps - before.steps} steps)"
+                else:
+                    line += (
+                        f"; {st.decode_steps - before.decode_steps} decode steps,"
+                        f" {st.prefill_tokens - before.prefill_tokens} prompt tokens computed,"
+                        f" {st.prefix_tokens_reused - before.prefix_tokens_reused} reused)"
+                    )
             print(line, flush=True)
         med = statistics.median
         for w, runs in ours.items():
@@ -312,7 +328,9 @@ def main() -> None:
             f" {n_hf:.0f} / {n_ours:.0f} |"
         )
     for wl, w, hf_w, our_w, *_ in rows:
-        if wl == "fixed":  # every row is real: a step makes `batch` tokens on both sides
+        if (
+            wl == "fixed" and w != "vllm"
+        ):  # every row is real: a step makes `batch` tokens on both sides
             floor, hf_step = matmul_floor(engines[w], args.batch), args.batch / hf_w
             print(
                 f"fixed, engine weights {w}: HF {1e3 * hf_step:.1f} ms per decode step, engine "
