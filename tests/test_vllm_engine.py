@@ -82,6 +82,19 @@ def test_behaviour_logprobs_are_the_sampling_distributions(tiny, vllm):
     assert (p.logprobs, p.ignore_eos, p.seed, p.top_k, p.temperature) == (0, True, 101, 5, 0.7)
 
 
+def like_the_built_in_engine(tiny, reqs, **kw) -> list:
+    """VLLMEngine's results, after checking them against LocalEngine's: the same tokens
+    and finish reasons, and log-probs within float rounding."""
+    ours = engine(tiny, **kw).generate(reqs)
+    ref = LocalEngine(copy.deepcopy(tiny[0]), tiny[1], **kw).generate(reqs)
+    for a, b in zip(ours, ref, strict=True):
+        assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0
+        )
+    return ours
+
+
 def stop_cases(tok) -> list[SamplingParams]:
     return [
         SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=[7, 9, 11, 13]),
@@ -97,13 +110,7 @@ def test_stop_rules_and_greedy_tokens_match_the_built_in_engine(tiny, vllm):
     tok = tiny[1]
     reqs = requests(stop_cases(tok))
     reqs.append(GenerationRequest([4] * 40, SamplingParams(temperature=0), seed=1))  # no room
-    ours = engine(tiny, max_seq_len=40).generate(reqs)
-    ref = LocalEngine(copy.deepcopy(tiny[0]), tok, max_seq_len=40).generate(reqs)
-    for a, b in zip(ours, ref, strict=True):
-        assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
-        torch.testing.assert_close(
-            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0
-        )
+    ours = like_the_built_in_engine(tiny, reqs, max_seq_len=40)
     assert ours[3].finish_reason == "length" and len(PROMPTS[3]) + len(ours[3].token_ids) == 40
     assert ours[4].token_ids == [] and ours[6].token_ids == []
 
@@ -120,13 +127,7 @@ def test_forced_tokens_are_scored_and_end_where_decoding_would(tiny, vllm):
         SamplingParams(max_new_tokens=5),  # nothing to score
     ]
     reqs = requests(params, forced)
-    ours = engine(tiny, max_seq_len=40).generate(reqs)
-    ref = LocalEngine(copy.deepcopy(tiny[0]), tok, max_seq_len=40).generate(reqs)
-    for a, b in zip(ours, ref, strict=True):
-        assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
-        torch.testing.assert_close(
-            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0
-        )
+    ours = like_the_built_in_engine(tiny, reqs, max_seq_len=40)
     assert [len(r.token_ids) for r in ours] == [3, 3, 4, 40 - len(PROMPTS[3]), 2, 0]
     with pytest.raises(ValueError, match="raw: a forced request needs temperature 1"):
         engine(tiny).generate([GenerationRequest([5], SamplingParams(temperature=0.7), 0, [3])])
