@@ -10,15 +10,17 @@ while there is work, so the event loop stays free for episodes during a forward)
 ``pause``/``resume`` and ``close``.
 
 A subclass provides ``_enqueue(items)`` (queue ``(request, on_done)`` pairs; ``on_done``
-gets a ``GenerationResult`` or an exception), ``_has_work()``, ``_step()`` (one step,
-safe from any thread; it waits while paused) and ``_fail_all(exc)`` (fail every request
-in flight or queued; the caller holds ``_step_lock``).
+gets a ``GenerationResult`` or an exception), ``_has_work()``, ``_step_body()`` (one
+step's work; ``_step`` runs it under the step lock, with the failure handling) and
+``_fail_all(exc)`` (fail every request in flight or queued; the caller holds
+``_step_lock``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,11 +51,33 @@ class StepEngine(WeightStaging):
     def _has_work(self) -> bool:
         raise NotImplementedError
 
-    def _step(self) -> None:
+    def _step_body(self) -> None:
+        """One step's work, under the step lock: load staged weights, admit, compute."""
         raise NotImplementedError
+
+    def _stepped(self, seconds: float) -> None:
+        """Called after every step, failed or not, with its wall time."""
 
     def _fail_all(self, exc: BaseException) -> None:
         raise NotImplementedError
+
+    def _step(self) -> None:
+        """One step, safe to call from any thread; it waits while the engine is paused. A
+        failure fails every request in flight and keeps the engine usable."""
+        self._resumed.wait()
+        with self._step_lock, torch.inference_mode():
+            t0 = time.perf_counter()
+            try:
+                self._step_body()
+            except BaseException as exc:
+                self._fail_all(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                self._stepped(time.perf_counter() - t0)
+        # weights staged while this step held the lock: update_weights could not apply
+        # them, and an engine with no more work runs no next step, so apply them now
+        self.apply_staged_weights()
 
     def _scheduled_step(self) -> None:
         """A step on the scheduler's thread (LocalEngine waits for other drivers first)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import heapq
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -275,27 +274,16 @@ class LocalEngine(StepEngine):
         self._undriven.wait()
         self._step()
 
-    def _step(self) -> None:
-        """One scheduler step; see the module docstring. Safe to call from any thread."""
-        self._resumed.wait()
-        with self._step_lock, torch.inference_mode():
-            t0 = time.perf_counter()
-            try:
-                if self.on_step is not None:
-                    self.on_step(self)
-                self._apply_staged()
-                self._forward_and_sample()
-            except BaseException as exc:  # fail everything in flight, keep the engine usable
-                self._fail_all(exc)
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                spent = time.perf_counter() - t0
-                self.stats.step_seconds += spent
-                self._recent_steps.append(spent)
-        # weights staged while this step held the lock: update_weights could not apply
-        # them, and an engine with no more work runs no next step, so apply them now
-        self.apply_staged_weights()
+    def _step_body(self) -> None:
+        """One scheduler step (see the module docstring), under the step lock."""
+        if self.on_step is not None:
+            self.on_step(self)
+        self._apply_staged()
+        self._forward_and_sample()
+
+    def _stepped(self, seconds: float) -> None:
+        self.stats.step_seconds += seconds
+        self._recent_steps.append(seconds)
 
     def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with torch.no_grad():

@@ -42,7 +42,6 @@ import collections
 import os
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,27 +232,19 @@ class VLLMEngine(StepEngine):
     def _has_work(self) -> bool:
         return bool(self._pending) or bool(self._running)
 
-    def _step(self) -> None:
-        self._resumed.wait()
-        with self._step_lock:
-            t0 = time.perf_counter()
-            try:
-                self._apply_staged()
-                self._admit()
-                if self._running:
-                    outputs = self._llm.step()
-                    self.stats.steps += 1
-                    for out in outputs:
-                        if out.finished:
-                            self._finish(out)
-                self._reset_stale_cache()
-            except BaseException as exc:  # fail everything in flight, keep the engine usable
-                self._fail_all(exc)
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                self.stats.step_seconds += time.perf_counter() - t0
-        self.apply_staged_weights()
+    def _step_body(self) -> None:
+        self._apply_staged()
+        self._admit()
+        if self._running:
+            outputs = self._llm.step()
+            self.stats.steps += 1
+            for out in outputs:
+                if out.finished:
+                    self._finish(out)
+        self._reset_stale_cache()
+
+    def _stepped(self, seconds: float) -> None:
+        self.stats.step_seconds += seconds
 
     def _admit(self) -> None:
         with self._queue_lock:
