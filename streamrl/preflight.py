@@ -176,6 +176,16 @@ def check_vllm_engine(cfg: Config) -> None:
     ):
         if value != default:
             raise PreflightError(f"{key}={value} applies to the built-in engine, not vllm")
+    r = cfg.rollout
+    if cfg.selection.kind == "likelihood" and not (
+        r.temperature in (0.0, 1.0) and r.top_k == 0 and r.top_p == 1.0
+    ):
+        raise PreflightError(
+            "selection.kind=likelihood with rollout.engine=vllm scores the reference with "
+            "vLLM's prompt log-probs, which are raw: it needs rollout.temperature=1 (or 0), "
+            f"top_k=0 and top_p=1, not temperature={r.temperature}, top_k={r.top_k}, "
+            f"top_p={r.top_p}"
+        )
     try:
         import vllm  # noqa: F401
     except ImportError:

@@ -212,9 +212,10 @@ def test_rollout_engine_vllm_is_built_by_the_factory_and_checked_before_the_run(
         ("rollout.compile=true", "rollout.compile=True applies to the built-in engine"),
         ("rollout.engine_weights=float16", "engine_weights=float16 applies to the built-in"),
         ("model.name_or_path=mlp", "serves language models, not environment policies"),
+        ("selection.kind=likelihood rollout.temperature=0.7", "it needs rollout.temperature=1"),
     ):
         with pytest.raises(PreflightError, match=message):
-            check_vllm_engine(load_config(None, ["rollout.engine=vllm", bad]))
+            check_vllm_engine(load_config(None, ["rollout.engine=vllm", *bad.split()]))
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
     with pytest.raises(PreflightError, match=r"pip install 'streamrl\[vllm\]'"):
         check_vllm_engine(cfg)
