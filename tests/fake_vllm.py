@@ -171,6 +171,11 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: dict[str, list[int]], params: Any) -> str:
         assert params.output_kind is RequestOutputKind.FINAL_ONLY and params.n == 1
+        if len(prompt["prompt_token_ids"]) >= self.args.max_model_len:  # as vLLM's processor
+            raise ValueError(
+                f"The decoder prompt (length {len(prompt['prompt_token_ids'])}) is longer "
+                f"than the maximum model length of {self.args.max_model_len}."
+            )
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
         self.running[request_id] = _Req(request_id, list(prompt["prompt_token_ids"]), params, gen)
         return request_id

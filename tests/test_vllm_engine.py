@@ -127,8 +127,17 @@ def test_forced_tokens_are_scored_and_end_where_decoding_would(tiny, vllm):
         SamplingParams(max_new_tokens=5),  # nothing to score
     ]
     reqs = requests(params, forced)
+    at_the_limit = reqs.pop(3)
     ours = like_the_built_in_engine(tiny, reqs, max_seq_len=40)
-    assert [len(r.token_ids) for r in ours] == [3, 3, 4, 40 - len(PROMPTS[3]), 2, 0]
+    assert [len(r.token_ids) for r in ours] == [3, 3, 4, 2, 0]
+    # vLLM takes no prompt as long as max_model_len: one forced token fewer than LocalEngine
+    (limit,) = engine(tiny, max_seq_len=40).generate([at_the_limit])
+    (ref,) = LocalEngine(copy.deepcopy(tiny[0]), tok, max_seq_len=40).generate([at_the_limit])
+    assert len(limit.token_ids) == 40 - len(at_the_limit.prompt_ids) - 1 == len(ref.token_ids) - 1
+    assert limit.finish_reason == "length"
+    torch.testing.assert_close(
+        torch.tensor(limit.logprobs), torch.tensor(ref.logprobs[:-1]), atol=1e-4, rtol=0
+    )
     with pytest.raises(ValueError, match="raw: a forced request needs temperature 1"):
         engine(tiny).generate([GenerationRequest([5], SamplingParams(temperature=0.7), 0, [3])])
 
@@ -170,6 +179,23 @@ def test_a_failed_request_fails_alone_and_a_failed_step_fails_those_in_flight(ti
     assert isinstance(results[1], RuntimeError) and "'abort'" in str(results[1])
     assert [len(results[i].token_ids) for i in (0, 2)] == [4, 4]
     assert eng.stats.requests_failed == 1
+    # a request vLLM refuses (here: a stand-in refusing every forced one) fails alone
+    refuse = llm.add_request
+
+    def add_request(rid, prompt, params):
+        if params.prompt_logprobs is not None:
+            raise ValueError("refused")
+        return refuse(rid, prompt, params)
+
+    llm.add_request = add_request
+    mixed = [reqs[0], GenerationRequest([5, 6], SamplingParams(), 0, [3, 4]), reqs[2]]
+    out: list = [None] * 3
+    eng._enqueue([(r, lambda res, i=i: out.__setitem__(i, res)) for i, r in enumerate(mixed)])
+    while eng._has_work():
+        eng._step()
+    assert isinstance(out[1], ValueError) and [len(out[i].token_ids) for i in (0, 2)] == [4, 4]
+    assert eng.stats.requests_failed == 2
+    llm.add_request = refuse
     llm.fail_next_step = RuntimeError("CUDA error: an illegal memory access")
     with pytest.raises(RuntimeError, match="illegal memory access"):
         eng.generate(reqs[:2])

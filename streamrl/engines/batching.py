@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -160,7 +161,7 @@ class StepEngine(WeightStaging):
             raise
 
 
-def stop_string_hit(tokenizer, token_ids: list[int], stops: list[str], window: int) -> bool:
+def stop_string_hit(tokenizer: Any, token_ids: list[int], stops: list[str], window: int) -> bool:
     """Whether the last ``window`` tokens decode to text holding one of ``stops``: a stop
     string completed by the last token ends in them (``window``: the longest stop string's
     length plus a few tokens)."""

@@ -29,7 +29,8 @@ the built-in engine's:
   vLLM's prompt log-probs. Those are raw log-softmax values, so a forced request must ask
   for the raw distribution (temperature 1 or 0, no top-k, no top-p), as the likelihood
   gate does. The forced tokens end where one-at-a-time decoding would: at a stop token,
-  a stop string, ``max_new_tokens`` or ``max_seq_len``.
+  a stop string or ``max_new_tokens``; at ``max_seq_len`` one token earlier than the
+  built-in engine, since vLLM takes no prompt as long as ``max_model_len``.
 
 The model is written once to a temporary directory in Hugging Face format for vLLM to
 load. vLLM places it on its own platform's device (the GPU) in ``dtype``; the trainer
@@ -256,15 +257,21 @@ class VLLMEngine(StepEngine):
                 continue
             rid = str(self._ids)
             self._ids += 1
-            if req.forced_ids is None:
-                params = sampling_params(self._vllm, req, min(p.max_new_tokens, room))
-                run = _Running(req, on_done)
-            else:
-                forced, reason = self._forced_span(req, room)
-                params = scoring_params(self._vllm, req)
-                run = _Running(req, on_done, forced, reason)
-            prompt = list(req.prompt_ids) + (run.forced or [])
-            self._llm.add_request(rid, {"prompt_token_ids": prompt}, params)
+            try:
+                if req.forced_ids is None:
+                    params = sampling_params(self._vllm, req, min(p.max_new_tokens, room))
+                    run = _Running(req, on_done)
+                else:
+                    # vLLM wants room for one generated token after a prompt
+                    forced, reason = self._forced_span(req, room - 1)
+                    params = scoring_params(self._vllm, req)
+                    run = _Running(req, on_done, forced, reason)
+                prompt = list(req.prompt_ids) + (run.forced or [])
+                self._llm.add_request(rid, {"prompt_token_ids": prompt}, params)
+            except Exception as exc:  # vLLM refused this request; the others go on
+                self.stats.requests_failed += 1
+                on_done(exc)
+                continue
             self._running[rid] = run
 
     def _forced_span(self, req: GenerationRequest, room: int) -> tuple[list[int], str]:
