@@ -21,6 +21,7 @@ from streamrl.config import Config
 from streamrl.data import TaskSource, build_task_source
 from streamrl.data.logged import load_completions, load_preferences
 from streamrl.data.selection import all_equal_probability
+from streamrl.engines.sampling import is_raw
 from streamrl.episodes import episode_kinds
 from streamrl.models.loading import check_model_source
 from streamrl.models.policies import POLICY_PRESETS
@@ -177,9 +178,7 @@ def check_vllm_engine(cfg: Config) -> None:
         if value != default:
             raise PreflightError(f"{key}={value} applies to the built-in engine, not vllm")
     r = cfg.rollout
-    if cfg.selection.kind == "likelihood" and not (
-        r.temperature in (0.0, 1.0) and r.top_k == 0 and r.top_p == 1.0
-    ):
+    if cfg.selection.kind == "likelihood" and not is_raw(r.temperature, r.top_k, r.top_p):
         raise PreflightError(
             "selection.kind=likelihood with rollout.engine=vllm scores the reference with "
             "vLLM's prompt log-probs, which are raw: it needs rollout.temperature=1 (or 0), "

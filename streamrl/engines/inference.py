@@ -48,7 +48,7 @@ from streamrl.engines.batching import StepEngine, stop_string_hit, stop_window
 from streamrl.engines.fused_layers import fused_away, supports_fused
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
-from streamrl.engines.sampling import counter_uniform, sample, sampling_logits
+from streamrl.engines.sampling import counter_uniform, is_raw, sample, sampling_logits
 from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
@@ -433,9 +433,7 @@ class LocalEngine(StepEngine):
             self._top_p[s] = p.top_p
             self._seed[s] = seq.request.seed & _U64
             self._greedy_cpu[s] = p.temperature <= 0
-            self._raw[s] = p.temperature <= 0 or (
-                p.temperature == 1.0 and p.top_k <= 0 and p.top_p >= 1.0
-            )
+            self._raw[s] = is_raw(p.temperature, p.top_k, p.top_p)
             self._count[s] = 0
         return admitted
 

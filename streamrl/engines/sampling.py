@@ -55,6 +55,12 @@ def counter_uniform(seeds: ArrayLike, positions: ArrayLike) -> torch.Tensor:
     return torch.from_numpy(u)
 
 
+def is_raw(temperature: float, top_k: int, top_p: float) -> bool:
+    """Whether a request samples from softmax(raw logits) or greedily: its log-probs are
+    the raw log-softmax (what a forward gives, and vLLM's prompt log-probs)."""
+    return temperature <= 0 or (temperature == 1.0 and top_k <= 0 and top_p >= 1.0)
+
+
 def sampling_logprobs(
     logits: torch.Tensor,
     temperature: torch.Tensor,

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from streamrl.engines.batching import Done, StepEngine, stop_string_hit, stop_window
+from streamrl.engines.sampling import is_raw
 from streamrl.types import GenerationRequest, GenerationResult
 
 _SEED_MASK = (1 << 63) - 1
@@ -217,9 +218,7 @@ class VLLMEngine(StepEngine):
             if not req.prompt_ids:
                 raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
             p = req.params
-            if req.forced_ids and not (
-                p.temperature in (0.0, 1.0) and p.top_k <= 0 and p.top_p >= 1
-            ):
+            if req.forced_ids and not is_raw(p.temperature, p.top_k, p.top_p):
                 raise ValueError(
                     "VLLMEngine scores forced_ids with vLLM's prompt log-probs, which are "
                     "raw: a forced request needs temperature 1 (or 0), top_k 0 and top_p 1; "
