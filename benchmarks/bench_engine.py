@@ -212,7 +212,8 @@ def main() -> None:
         "--vllm",
         action="store_true",
         help="also time vLLM behind streamrl's engine protocol (rollout.engine=vllm, "
-        "VLLMEngine; needs the [vllm] extra and a GPU), in --dtype",
+        "VLLMEngine), in --dtype: the [vllm] extra on a GPU, or vLLM's CPU build "
+        "(scripts/setup_vllm_cpu.sh; its KV cache gets 1 GiB)",
     )
     args = ap.parse_args()
 
@@ -244,9 +245,10 @@ def main() -> None:
     if args.vllm:
         from streamrl.engines.vllm_engine import VLLMEngine
 
+        kv = {"kv_cache_memory_bytes": 1 << 30} if args.device == "cpu" else {}
         engines["vllm"] = VLLMEngine(
             copy.deepcopy(model), _tok, decode_slots=args.batch, max_seq_len=max_len,
-            dtype=args.dtype, gpu_memory_utilization=0.3,
+            dtype=args.dtype, gpu_memory_utilization=0.3, **kv,
         )  # fmt: skip
     for name, engine in engines.items():
         if name.endswith(" sdpa") and hasattr(engine.runner, "cache"):

