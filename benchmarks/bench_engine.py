@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import os
 import statistics
 import time
 
@@ -78,11 +77,11 @@ def load_model(name: str) -> tuple[torch.nn.Module, object | None, list[list[int
             for _ in range(256)
         ]
         return model, None, pool, [0, 1, 2]  # ~3% stop chance per token under a near-uniform model
-    from streamrl.models.gguf import smollm2_gguf_path
+    from streamrl.models.gguf import convert_gguf, smollm2_gguf_path
 
-    d, fname = os.path.split(smollm2_gguf_path())
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=fname, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=fname)
+    d = convert_gguf(smollm2_gguf_path())  # plain fp32 weights, as training loads them
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(d)
     pool = [
         tok.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
