@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument(
         "--engine-weights",
         nargs="+",
-        choices=["float32", "float16"],
+        choices=["float32", "float16", "onednn"],
         default=["float32"],
         help="engine variants to time against generate (rollout.engine_weights); "
         "'float16' packs a copy of the model, generate always runs the unpacked model",

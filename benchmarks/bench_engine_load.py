@@ -4,8 +4,8 @@ A rollout worker loads every version the trainer publishes before it can start t
 next batch's items (at eta = 1 they may not start on older weights), so this time
 sits on the RL step's critical path whenever generation is. One load is
 ``LocalEngine._load_weights``: ``load_state_dict`` (an in-place fp32 copy), then,
-with ``rollout.engine_weights=float16``, FBGEMM's fp16 packing of every layer, and
-the fused Q/K/V and gate/up copies rebuilt.
+with ``rollout.engine_weights=float16``, FBGEMM's fp16 packing of every layer (with
+``onednn``, oneDNN's reordering), and the fused Q/K/V and gate/up copies rebuilt.
 
 Each engine variant loads the same full state dict (what the trainer publishes)
 ``--repeats`` times, interleaved, one torch thread; the median is reported. The
@@ -41,8 +41,8 @@ def main() -> None:
     base, tok, _pool, _stop = load_model("smollm2")
     state = {k: v.detach().clone() + 1e-3 for k, v in base.state_dict().items()}
     engines = {}
-    for weights in ("float32", "float16"):
-        for n in args.threads if weights == "float16" else [1]:
+    for weights in ("float32", "float16", "onednn"):
+        for n in args.threads if weights != "float32" else [1]:
             engine = LocalEngine(copy.deepcopy(base), tok, decode_slots=16, weights=weights)
             engine._packer = ThreadPoolExecutor(n) if n > 1 else None
             engines[f"{weights}, {n} packing thread{'s' if n > 1 else ''}"] = engine

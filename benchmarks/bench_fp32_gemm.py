@@ -1,4 +1,4 @@
-"""The fp32 matrix products of one SmolLM2 decode step at 16 rows, by three CPU kernels.
+"""The fp32 matrix products of one SmolLM2 decode step at 16 rows, by four CPU kernels.
 
 A decode step of the fp32 engine is mostly its linear layers: 30 decoder layers of fused
 Q/K/V, output, fused gate/up and down projections, then the vocabulary head. Their
@@ -8,7 +8,11 @@ shapes are SmolLM2-135M's, with random weights (one copy per layer, so the step 
   mkl     ``F.linear``, what the engine and ``generate`` run (MKL's sgemm)
   packed  MKL's packed-weight GEMM, as inductor's freezing pass uses it
           (``torch.ops.mkl._mkl_reorder_linear_weight`` once, then ``_mkl_linear``)
-  onednn  oneDNN, through ``torch.utils.mkldnn.MkldnnLinear``
+  onednn  oneDNN, through ``torch.utils.mkldnn.MkldnnLinear`` (the input converted to
+          and from oneDNN's format at every call)
+  reordered  oneDNN on weights reordered once for ``--rows`` rows
+          (``torch.ops.mkldnn._reorder_linear_weight``, then ``_linear_pointwise``), as
+          ``rollout.engine_weights=onednn`` runs them
 
     PYTHONPATH=. python benchmarks/bench_fp32_gemm.py --rows 16 --repeats 7 --rounds 3
 """
@@ -53,6 +57,10 @@ def main() -> None:
     with torch.no_grad():
         packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, m) for w in weights]
         dnnl = [mkldnn.MkldnnLinear(lin, torch.float32) for layer in linears for lin in layer]
+        reordered = [torch.ops.mkldnn._reorder_linear_weight(w, m) for w in weights]
+
+    def linear_pointwise(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
     def plain() -> None:
         for w in weights:
@@ -66,13 +74,18 @@ def main() -> None:
         for w, lin in zip(weights, dnnl, strict=True):
             lin(x[w.shape[1]].to_mkldnn()).to_dense()
 
-    kernels = {"mkl": plain, "packed": mkl_packed, "onednn": onednn}
+    def onednn_reordered() -> None:
+        for w, r in zip(weights, reordered, strict=True):
+            linear_pointwise(x[w.shape[1]], r)
+
+    kernels = {"mkl": plain, "packed": mkl_packed, "onednn": onednn, "reordered": onednn_reordered}
     with torch.no_grad():
         w = weights[2]
         ref = F.linear(x[HIDDEN], w)
         diff = {
             "packed": (torch.ops.mkl._mkl_linear(x[HIDDEN], packed[2], w, None, m) - ref),
             "onednn": (dnnl[2](x[HIDDEN].to_mkldnn()).to_dense() - ref),
+            "reordered": (linear_pointwise(x[HIDDEN], reordered[2]) - ref),
         }
         print(" ".join(f"{k}: max |diff| {v.abs().max().item():.2e}" for k, v in diff.items()))
         results: dict[str, list[float]] = {k: [] for k in kernels}

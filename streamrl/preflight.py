@@ -119,7 +119,7 @@ def check_device(device: str) -> None:
 
 
 def check_engine_weights(cfg: Config) -> None:
-    """rollout.engine_weights=float16 packs fp32 CPU weights of a language model."""
+    """rollout.engine_weights=float16 or onednn packs fp32 CPU weights of a language model."""
     if cfg.rollout.engine_weights == "float32":
         return
     key = f"rollout.engine_weights={cfg.rollout.engine_weights}"
@@ -128,7 +128,7 @@ def check_engine_weights(cfg: Config) -> None:
     device = cfg.runtime.device
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         raise PreflightError(
-            f"{key} packs weights for FBGEMM, a CPU kernel library, but runtime.device="
+            f"{key} packs weights for a CPU kernel library (FBGEMM, oneDNN), but runtime.device="
             f"{device} runs on a GPU; set rollout.engine_weights=float32 (or "
             "model.dtype=bfloat16 for half-size weights on a GPU)"
         )

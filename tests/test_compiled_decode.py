@@ -33,10 +33,11 @@ def generate(engine: LocalEngine, seed: int) -> list:
 
 
 @pytest.mark.slow
-def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> None:
-    """fp16 weights: packed layers through the custom op, re-packed in the same modules
-    (fp32 weights: the run below). Then every kind of row, on the same graphs."""
-    weights = "float16"
+@pytest.mark.parametrize("weights", ["float16", "onednn"])
+def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates(weights: str) -> None:
+    """Packed weights (fp16, or fp32 in oneDNN's layout): packed layers through the custom
+    op, re-packed in the same modules (plain fp32 weights: the run below). Then every
+    kind of row, on the same graphs."""
     model = tiny_llama()
     tok = CharTokenizer()  # for the forced row's stop string (below)
     eager = LocalEngine(copy.deepcopy(model), tok, decode_slots=3, weights=weights)
@@ -56,7 +57,7 @@ def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates() -> No
         before = len(calls)
         want, got = generate(eager, 10 * version), generate(compiled, 10 * version)
         assert len(calls) - before >= 20  # most steps only decode, and ran compiled
-        ref = packed_copy(weights_of)
+        ref = packed_copy(weights_of, weights)
         for p, w, g in zip(PROMPTS, want, got, strict=True):
             assert g.token_ids == w.token_ids and g.versions == [version] * len(g.token_ids)
             torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs),

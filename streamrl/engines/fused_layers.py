@@ -13,7 +13,7 @@ fourteen). :class:`FusedDecoder` computes the same layer with fewer, larger ops:
 The model's own modules keep their weights and stay what the state dict, weight
 updates and every other forward use. The fused weights are copies, rebuilt after each
 update of the layers they come from; in fp32 that is ~50% more memory for the layer
-weights (280 MB on SmolLM2-135M). With ``rollout.engine_weights=float16`` the fused
+weights (280 MB on SmolLM2-135M). With packed ``rollout.engine_weights`` the fused
 projections are packed like every other linear layer (:mod:`streamrl.engines.quantize`),
 and the separate projections they replace are left unpacked.
 
@@ -99,7 +99,7 @@ class FusedDecoder:
     ``(1, H, T, D)`` queries and ``(1, H_kv, T, D)`` keys/values.
     """
 
-    def __init__(self, model: nn.Module, packed: bool = False) -> None:
+    def __init__(self, model: nn.Module, packed: str = "") -> None:
         cfg = model.config
         self.packed = packed
         self.layers = list(model.model.layers[: cfg.num_hidden_layers])
@@ -131,7 +131,7 @@ class FusedDecoder:
         # step (rollout.compile) keeps calling
         built = [_concat(parts, into=fused[i]) for fused, i, parts in jobs]
         if self.packed:
-            pack_many(built, executor)
+            pack_many(built, self.packed, executor)
             for layer in built:
                 # the engine reads only the packed copy, and refresh() rebuilds it from the
                 # layers' own weights: the fp32 concatenation need not stay

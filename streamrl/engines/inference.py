@@ -104,9 +104,10 @@ class LocalEngine(StepEngine):
     max_seq_len:    prompt + generated tokens per sequence; defaults to the model's
                     ``max_position_embeddings``. KV buffers grow lazily up to it.
     version:        weight version stamped on tokens until the first update.
-    weights:        "float16" runs every linear layer on packed fp16 weights (CPU,
-                    fp32 models; see :mod:`streamrl.engines.quantize`), re-packed
-                    after each weight update; "float32" (default) uses the model as is.
+    weights:        "float16" runs every linear layer on packed fp16 weights, "onednn"
+                    on fp32 weights in oneDNN's layout (CPU, fp32 models; see
+                    :mod:`streamrl.engines.quantize`), re-packed after each weight
+                    update; "float32" (default) uses the model as is.
     fuse_layers:    Llama-family decoder layers run with fused projections
                     (:mod:`streamrl.engines.fused_layers`); False runs the model's own
                     layer modules (the reference the fused path is tested against).
@@ -169,7 +170,8 @@ class LocalEngine(StepEngine):
             else None
         )
         skip = fused_away(model) if fuse else ()
-        self.packed = pack_linears(model, weights, skip, self._packer) > 0
+        # the packing ("" for plain fp32 weights)
+        self.packed = weights if pack_linears(model, weights, skip, self._packer) else ""
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
                 model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed,

@@ -269,7 +269,7 @@ class LlamaSlotRunner:
         num_slots: int,
         max_seq_len: int,
         fuse: bool = False,
-        packed: bool = False,
+        packed: str = "",  # the engine weights' packing, "" for plain fp32
         compile_decode: bool = False,
     ) -> None:
         _set_attn_impl(model, ATTN_IMPL)

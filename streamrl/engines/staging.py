@@ -9,7 +9,7 @@ version. Who pays for loading them depends on the call:
 - ``stage_weights`` only stages them; the engine's own thread loads them at its next
   step or when it calls ``apply_staged_weights`` between steps. The ``local`` backend
   publishes this way, so the trainer's thread never spends its time copying (and, with
-  ``rollout.engine_weights=float16``, re-packing) the rollout engine's weights.
+  packed ``rollout.engine_weights``, re-packing) the rollout engine's weights.
 """
 
 from __future__ import annotations
