@@ -64,7 +64,8 @@ class RolloutConfig(_Section):
         "local",
         description="Rollout engine: 'local' (built in, CPU or GPU) or 'vllm' (vLLM in the "
         "worker's process: `pip install 'streamrl[vllm]'` on a CUDA machine, or vLLM's CPU "
-        "build, scripts/setup_vllm_cpu.sh; options in rollout.vllm). Evaluation always uses the built-in engine.",
+        "build, scripts/setup_vllm_cpu.sh; options in rollout.vllm). Evaluation always "
+        "uses the built-in engine.",
     )
     vllm: VLLMOptions = Field(
         default_factory=lambda: VLLMOptions(),

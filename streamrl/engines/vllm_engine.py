@@ -14,9 +14,9 @@ the built-in engine's:
 - **Per-token versions.** A weight update is loaded between two steps (vLLM's
   ``reload_weights``: the model's own ``load_weights``, which maps Hugging Face names
   onto vLLM's fused layers, then whatever repacking its kernels need) and labelled with
-  ``set_weight_version``. vLLM reports, for each finished
-  request, which spans of its tokens each label produced. Async scheduling is off, so a
-  step's tokens carry the label of the weights that computed them.
+  ``set_weight_version``. vLLM reports, for each finished request, which spans of its
+  tokens each label produced. Async scheduling is off, so a step's tokens carry the
+  label of the weights that computed them.
 - **Sequences in flight** keep their KV cache and continue on the new weights, as in the
   built-in engine. The prefix cache is reset once no request is running, so no new
   prompt reuses blocks computed before an update after that.
