@@ -249,12 +249,14 @@ def test_rollout_engine_vllm_is_built_by_the_factory_and_checked_before_the_run(
         make_inference_engine(copy.deepcopy(tiny[0]), tiny[1], **engine_options(cfg))
 
 
-def test_a_run_trains_through_the_vllm_engine(tmp_path: Path, vllm):
-    """The stand-in decodes with the trainer's fp32 numerics, so the engine-vs-trainer
+def train_through_vllm(tmp_path: Path, *overrides: str) -> None:
+    """4 GRPO steps with rollout.engine=vllm. vLLM decodes with the trainer's fp32
+    numerics here (the stand-in, or the real one in float32), so the engine-vs-trainer
     mismatch is rounding: a token mislabelled by one version would show in it."""
     cfg = tiny_rl_config(
         tmp_path,
         "rollout.engine=vllm",
+        *overrides,
         "rollout.group_size=4",
         "rollout.max_new_tokens=4",
         "algorithm.dynamic_sampling=false",
@@ -263,10 +265,13 @@ def test_a_run_trains_through_the_vllm_engine(tmp_path: Path, vllm):
         "stream.max_staleness=1",
         "runtime.backend=local",
     )
-    result = train(cfg)
-    rows = [r for r in metric_rows(result.run_dir) if "time/update" in r]
+    rows = [r for r in metric_rows(train(cfg).run_dir) if "time/update" in r]
     assert len(rows) == 4
     assert max(r["mismatch/abs_log_ratio_mean"] for r in rows) < 1e-4
+
+
+def test_a_run_trains_through_the_vllm_engine(tmp_path: Path, vllm):
+    train_through_vllm(tmp_path)
     assert int(vllm.LLMEngine.instances[0].version) >= 3  # the trainer's weights arrived
 
 
