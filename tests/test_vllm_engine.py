@@ -31,6 +31,15 @@ from tests.test_inference_engine import full_logprobs
 from tests.tiny_run import metric_rows, tiny_rl_config
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17], [6] * 9, [9, 10]]
+# raw, tempered, top-k, top-p, greedy and mixed rows
+ROWS = [
+    SamplingParams(temperature=1.0, max_new_tokens=8),
+    SamplingParams(temperature=0.7, top_k=5, max_new_tokens=8),
+    SamplingParams(temperature=1.3, top_p=0.8, max_new_tokens=8),
+    SamplingParams(temperature=0.0, max_new_tokens=8),
+    SamplingParams(temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=8),
+    SamplingParams(temperature=1.0, max_new_tokens=8),
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +69,7 @@ def requests(params: list[SamplingParams], forced=None) -> list[GenerationReques
 def test_behaviour_logprobs_are_the_sampling_distributions(tiny, vllm):
     eng = engine(tiny, decode_slots=4, version=3)
     assert isinstance(eng, InferenceEngine)
-    params = [
-        SamplingParams(temperature=1.0, max_new_tokens=8),
-        SamplingParams(temperature=0.7, top_k=5, max_new_tokens=8),
-        SamplingParams(temperature=1.3, top_p=0.8, max_new_tokens=8),
-        SamplingParams(temperature=0.0, max_new_tokens=8),
-        SamplingParams(temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=8),
-        SamplingParams(temperature=1.0, max_new_tokens=8),
-    ]
+    params = ROWS
     results = eng.generate(requests(params))
     for req, res in zip(requests(params), results, strict=True):
         assert len(res.token_ids) == 8 and res.finish_reason == "length"

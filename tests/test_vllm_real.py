@@ -21,7 +21,7 @@ from streamrl.models.presets import build_preset
 from streamrl.models.tokenizer import build_char_tokenizer
 from streamrl.types import GenerationRequest, SamplingParams
 from tests.test_inference_engine import full_logprobs
-from tests.test_vllm_engine import requests, stop_cases, train_through_vllm
+from tests.test_vllm_engine import ROWS, requests, stop_cases, train_through_vllm
 
 
 def vllm_device() -> str:
@@ -68,15 +68,7 @@ def test_real_vllm_gives_the_sampling_distributions_log_probs(tiny):
     eng = engine(tiny, decode_slots=4, version=3)
     # vLLM's CPU worker replaces torch.set_num_threads process-wide; the engine restores it
     assert (torch.set_num_threads, torch.get_num_threads()) == torch_threads
-    params = [
-        SamplingParams(temperature=1.0, max_new_tokens=8),
-        SamplingParams(temperature=0.7, top_k=5, max_new_tokens=8),
-        SamplingParams(temperature=1.3, top_p=0.8, max_new_tokens=8),
-        SamplingParams(temperature=0.0, max_new_tokens=8),
-        SamplingParams(temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=8),
-        SamplingParams(temperature=1.0, max_new_tokens=8),
-    ]
-    reqs = requests(params)
+    reqs = requests(ROWS)
     results = eng.generate(reqs)
     for req, res in zip(reqs, results, strict=True):
         assert len(res.token_ids) == 8 and res.versions == [3] * 8
