@@ -79,7 +79,8 @@ class RolloutConfig(_Section):
         description="Rollout engine weights (CPU, fp32 models). 'float16': linear layers read "
         "packed fp16 weights (FBGEMM, fp32 math): SmolLM2 decode steps ~1.4x faster. "
         "'onednn': fp32 weights in oneDNN's blocked layout, fp32 math, outputs within "
-        "~1e-6 of MKL's: SmolLM2's linear layers ~1.8x faster at 16 rows on AVX2. "
+        "~1e-6 of MKL's: SmolLM2's linear layers ~1.8x faster at 16 rows on AVX2 (tiny "
+        "models: slower). "
         "The trainer and evaluation stay fp32; the gap shows in mismatch/* "
         "(see algorithm.is_correction).",
     )
