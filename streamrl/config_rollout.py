@@ -44,6 +44,17 @@ class RolloutConfig(_Section):
         "(training and evaluation alike).",
     )
     group_size: int = Field(8, ge=1, description="Completions sampled per prompt (GRPO group).")
+    group_sampling: Literal["independent", "stratified"] = Field(
+        "independent",
+        description="How a group's samples draw their tokens. 'stratified': the members "
+        "that share a context (the prompt, then each common prefix) share its uniforms, "
+        "member j of G shifted by j/G, and draw independently once their contexts differ. "
+        "Each sample is still an exact draw from the policy, but a shared context's draws "
+        "spread evenly over its distribution (a token of probability p is drawn floor(Gp) "
+        "or ceil(Gp) times), so fewer groups come out all equal and are dropped "
+        "(benchmarks/results/selection.md). Built-in engine, language-model episodes. "
+        "Evaluation samples stay independent.",
+    )
     max_new_tokens: int = Field(
         5,
         ge=1,

@@ -164,6 +164,28 @@ def check_engine_compile(cfg: Config) -> None:
         )
 
 
+def check_group_sampling(cfg: Config) -> None:
+    """rollout.group_sampling=stratified: the built-in engine's counter noise, on a
+    language-model episode."""
+    if cfg.rollout.group_sampling == "independent":
+        return
+    if cfg.rollout.engine != "local":
+        raise PreflightError(
+            f"rollout.group_sampling=stratified shifts the built-in engine's noise; "
+            f"rollout.engine={cfg.rollout.engine} draws its own"
+        )
+    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+        raise PreflightError(
+            "rollout.group_sampling=stratified applies to language-model episodes, "
+            "not environment policies"
+        )
+    if cfg.endpoint.enabled:
+        raise PreflightError(
+            "rollout.group_sampling=stratified stratifies the groups of rollout workers; "
+            "with endpoint.enabled=true external agents make their own requests"
+        )
+
+
 def check_vllm_engine(cfg: Config) -> None:
     """rollout.engine=vllm: vLLM installed, a language model, and no options of the
     built-in engine."""
@@ -316,6 +338,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_train_compile(cfg)
     check_engine_compile(cfg)
     check_vllm_engine(cfg)
+    check_group_sampling(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "

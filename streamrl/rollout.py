@@ -54,6 +54,20 @@ def sampling_seed(run_seed: int, item_index: int, sample: int) -> int:
     return ((run_seed * 1_000_003 + item_index) * 1_009 + sample) % (2**62)
 
 
+def group_draws(
+    run_seed: int, item_index: int, group_size: int, stratified: bool
+) -> list[tuple[int, tuple[int, int] | None]]:
+    """(seed, stratum) of each sample of a group. Independent: a seed per sample.
+    Stratified (rollout.group_sampling): one seed, and member j of G shifts its uniforms
+    by j/G, so each sample is still an exact draw from the policy while the draws of the
+    members that share a context are spread evenly over its distribution
+    (GenerationRequest.stratum)."""
+    if not stratified:
+        return [(sampling_seed(run_seed, item_index, j), None) for j in range(group_size)]
+    seed = sampling_seed(run_seed, item_index, 0)
+    return [(seed, (j, group_size)) for j in range(group_size)]
+
+
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """Sums of the per-episode metrics episodes leave in ``metadata["metrics"]``, and
     ``episodes``, how many episodes reported (the pool turns the sums into means)."""
@@ -78,9 +92,11 @@ class RolloutWorker:
         group_size: int,
         seed: int,
         gate: LikelihoodGate | None = None,
+        stratified: bool = False,
     ) -> None:
         self.engine, self.episode, self.algorithm, self.emit = engine, episode, algorithm, emit
         self.group_size, self.seed, self.gate = group_size, seed, gate
+        self.stratified = stratified
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
 
     async def run(self, on_tick: Callable[[], None] | None = None) -> None:
@@ -138,7 +154,7 @@ class RolloutWorker:
         item, alternates = candidates[0], candidates[1:]
         report = await rollout_group(
             self.engine, self.episode, self.algorithm, item, self.group_size, self.seed,
-            self.gate if gated else None, alternates,
+            self.gate if gated else None, alternates, stratified=self.stratified,
         )  # fmt: skip
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)
@@ -171,13 +187,16 @@ async def rollout_group(
     seed: int,
     gate: LikelihoodGate | None = None,
     alternates: list[Item] | tuple[Item, ...] = (),
+    *,
+    stratified: bool = False,
 ) -> GroupDone | GroupRejected | None:
     """Roll one item out ``group_size`` times (plus the algorithm's extra rollouts),
     score it and judge it; None if cancelled. Every other outcome is a report. A
     ``gate`` (``selection.kind=likelihood``) first scores the item and its
-    ``alternates`` and generates the first candidate it accepts, as ``item.index``."""
+    ``alternates`` and generates the first candidate it accepts, as ``item.index``.
+    ``stratified``: the group's draws are stratified (:func:`group_draws`)."""
     if gate is None:
-        return await _rollout(engine, episode, algorithm, item, group_size, seed)
+        return await _rollout(engine, episode, algorithm, item, group_size, seed, stratified)
     try:
         choice = await gate.choose(engine, item.index, [item, *alternates])
     except asyncio.CancelledError:
@@ -187,7 +206,7 @@ async def rollout_group(
         return dataclasses.replace(_failed(item.index, "selection_error", choice.error), **told)
     if choice.item is None:
         return GroupRejected(item.index, "filtered", choice.reason, choice.detail, **told)
-    report = await _rollout(engine, episode, algorithm, choice.item, group_size, seed)
+    report = await _rollout(engine, episode, algorithm, choice.item, group_size, seed, stratified)
     return None if report is None else dataclasses.replace(report, **told)
 
 
@@ -198,9 +217,13 @@ async def _rollout(
     item: Item,
     group_size: int,
     seed: int,
+    stratified: bool = False,
 ) -> GroupDone | GroupRejected | None:
     """The group of ``item``, generated, scored and judged (None: cancelled)."""
-    coros = [episode(engine, item, sampling_seed(seed, item.index, j)) for j in range(group_size)]
+    draws = group_draws(seed, item.index, group_size, stratified)
+    coros = [
+        episode(engine, item, s, stratum=j) if j else episode(engine, item, s) for s, j in draws
+    ]
     coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
     results = await asyncio.gather(*coros, return_exceptions=True)
     if any(isinstance(r, asyncio.CancelledError) for r in results):

@@ -67,6 +67,16 @@ class GenerationRequest:
     # teacher forcing: the engine returns these tokens instead of sampling, each with its
     # log-prob under the request's sampling distribution (scoring a known continuation)
     forced_ids: list[int] | None = None
+    # (j, G): member j of G requests sharing ``seed`` (rollout.group_sampling=stratified).
+    # Token t's uniform is frac(u + j/G), u a hash of (seed, prompt, tokens so far, t): each
+    # member alone samples the exact distribution; members that share a context share u,
+    # so their draws there spread evenly over its CDF (systematic sampling), and members
+    # whose contexts differ draw independently
+    stratum: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stratum is not None and not 0 <= self.stratum[0] < self.stratum[1]:
+            raise ValueError(f"stratum {self.stratum}: need 0 <= j < G")
 
 
 @dataclass

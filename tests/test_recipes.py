@@ -115,3 +115,21 @@ def test_recipe_runs_from_the_command_line(tmp_path: Path, capsys) -> None:
     assert grpo.main(cfg_args) == 0
     out = capsys.readouterr().out
     assert "[grpo] step 2/2" in out and "held-out greedy accuracy after GRPO" in out
+
+
+def test_onednn_engine_weights_keep_the_recipe_equivalence(tmp_path: Path) -> None:
+    """rollout.engine_weights=onednn (the engine's fastest fp32 layout) on both paths."""
+    cfg = _config(tmp_path, "local", "rollout.engine_weights=onednn")
+    _compare(train(cfg), cfg)
+
+
+def test_stratified_groups_keep_the_recipe_equivalence(tmp_path: Path) -> None:
+    """rollout.group_sampling=stratified goes through both paths alike, and it changes
+    the draws: the weights differ from the independent recipe's."""
+    cfg = _config(tmp_path, "local", "rollout.group_sampling=stratified")
+    result = train(cfg)
+    _compare(result, cfg)
+    streamed = load_file(str(result.run_dir / "model" / "model.safetensors"))
+    independent, _ = grpo.grpo(_config(tmp_path / "independent"), log=lambda *a: None)
+    plain = independent.model.state_dict()
+    assert any(not torch.equal(v, plain[k]) for k, v in streamed.items())

@@ -35,6 +35,7 @@ def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> Rollout
         group_size=cfg.rollout.group_size,
         seed=cfg.seed,
         gate=build_gate(cfg, tokenizer, sampling_params(cfg, tokenizer)),
+        stratified=cfg.rollout.group_sampling == "stratified",
     )
 
 

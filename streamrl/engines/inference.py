@@ -48,7 +48,15 @@ from streamrl.engines.batching import StepEngine, stop_string_hit, stop_window
 from streamrl.engines.fused_layers import fused_away, supports_fused
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
-from streamrl.engines.sampling import counter_uniform, is_raw, sample, sampling_logits
+from streamrl.engines.sampling import (
+    context_key,
+    counter_uniform,
+    fold_tokens,
+    is_raw,
+    sample,
+    sampling_logits,
+    shifted_uniform,
+)
 from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
@@ -192,8 +200,13 @@ class LocalEngine(StepEngine):
         self._temp = torch.ones(s, dtype=torch.float32, device=self.device)
         self._top_k = torch.zeros(s, dtype=torch.long, device=self.device)
         self._top_p = torch.ones(s, dtype=torch.float32, device=self.device)
+        # noise key: the request's seed, or for a stratified one (GenerationRequest.stratum)
+        # a hash of seed, prompt and tokens so far, shared by the members of its group that
+        # share its context; its uniforms are then shifted by j/G
         self._seed = np.zeros(s, dtype=np.uint64)
         self._count = np.zeros(s, dtype=np.uint64)  # tokens generated so far = noise counter
+        self._shift = np.zeros(s, dtype=np.float64)
+        self._stratified = np.zeros(s, dtype=bool)
         self._greedy_cpu = torch.zeros(s, dtype=torch.bool)
         # True where the sampling distribution is softmax(raw logits) or greedy
         self._raw = [True] * s
@@ -309,7 +322,7 @@ class LocalEngine(StepEngine):
         self.stats.decode_steps += bool(decoding)
         if self.compiled and not admitted:  # one graph from the step plan to drawn tokens
             logits, tokens, token_lp = self.runner.decode_all(  # type: ignore[union-attr]
-                self._next_tok, counter_uniform(self._seed, self._count), self._greedy_cpu
+                self._next_tok, self._noise(slice(None)), self._greedy_cpu
             )  # every slot's rows: keep the decoding ones'
             if len(slots) < self.decode_slots:
                 logits, tokens, token_lp = logits[slot_t], tokens[slot_t], token_lp[slot_t]
@@ -330,7 +343,7 @@ class LocalEngine(StepEngine):
         # per-row sampling state gathered by slot (tiny tensors, one index op each)
         scores = logits if raw else self._sampling_scores(logits, slots)
         if not drawn:
-            noise = counter_uniform(self._seed[slots], self._count[slots])
+            noise = self._noise(slots)
             tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
         forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
         if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
@@ -340,8 +353,19 @@ class LocalEngine(StepEngine):
             tokens[rows], token_lp[rows] = want_t, lp.to(token_lp.dtype)
         self._next_tok[slot_t] = tokens
         self._count[slots] += np.uint64(1)
-        for q, tok, lp in zip(seqs, tokens.tolist(), token_lp.tolist(), strict=True):
+        drawn_ids = tokens.tolist()
+        folding = self._stratified[slots]
+        if folding.any():
+            at = np.asarray(slots)[folding]
+            self._seed[at] = fold_tokens(self._seed[at], np.asarray(drawn_ids)[folding])
+        for q, tok, lp in zip(seqs, drawn_ids, token_lp.tolist(), strict=True):
             self._record(q, tok, lp)
+
+    def _noise(self, slots: list[int] | slice) -> torch.Tensor:
+        """The uniform of each slot's next token (GenerationRequest.stratum shifts it)."""
+        return shifted_uniform(
+            counter_uniform(self._seed[slots], self._count[slots]), self._shift[slots]
+        )
 
     def _record_scored(self, admitted: list[_Seq], logits: torch.Tensor) -> None:
         """Records the forced tokens scored in their prefill (``logits``: one row per
@@ -434,6 +458,11 @@ class LocalEngine(StepEngine):
             self._top_k[s] = p.top_k
             self._top_p[s] = p.top_p
             self._seed[s] = seq.request.seed & _U64
+            self._stratified[s] = seq.request.stratum is not None
+            if seq.request.stratum is not None:
+                self._seed[s] = context_key(self._seed[s], seq.request.prompt_ids)
+            j, g = seq.request.stratum or (0, 1)
+            self._shift[s] = j / g
             self._greedy_cpu[s] = p.temperature <= 0
             self._raw[s] = is_raw(p.temperature, p.top_k, p.top_p)
             self._count[s] = 0

@@ -16,6 +16,8 @@ Two pure pieces the inference engine composes once per decode step:
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 from numpy.typing import ArrayLike
@@ -53,6 +55,30 @@ def counter_uniform(seeds: ArrayLike, positions: ArrayLike) -> torch.Tensor:
     # top 53 bits -> exactly representable double in [0, 1)
     u = (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
     return torch.from_numpy(u)
+
+
+def shifted_uniform(u: torch.Tensor, shift: ArrayLike) -> torch.Tensor:
+    """frac(u + shift): still uniform on [0, 1) for any fixed shift, so a request's tokens
+    keep their exact distribution; a zero shift returns ``u`` bit for bit. G requests
+    sharing u with shifts j/G draw one systematic sample of size G (stratified groups)."""
+    return torch.remainder(u + torch.as_tensor(shift, dtype=u.dtype), 1.0)
+
+
+def context_key(seed: int, tokens: ArrayLike) -> np.uint64:
+    """The noise key of a stratified request at the start: its seed and its prompt,
+    hashed. Requests of one group that share a context share its key, and so its
+    uniforms (:func:`fold_tokens` carries the key along the generated tokens)."""
+    digest = zlib.crc32(np.asarray(tokens, dtype=np.int64).tobytes())
+    with np.errstate(over="ignore"):
+        return _splitmix64(np.asarray([seed], dtype=np.uint64) + np.uint64(digest) * _GOLDEN)[0]
+
+
+def fold_tokens(keys: np.ndarray, tokens: ArrayLike) -> np.ndarray:
+    """Each key after one more generated token: equal keys stay equal only on equal tokens,
+    so group members that took different tokens draw independent uniforms from then on."""
+    t = np.asarray(tokens, dtype=np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        return _splitmix64(keys + t * _GOLDEN)
 
 
 def is_raw(temperature: float, top_k: int, top_p: float) -> bool:

@@ -235,6 +235,11 @@ class VLLMEngine(StepEngine):
                 )
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer: VLLMEngine(model, tokenizer)")
+            if req.stratum is not None:
+                raise ValueError(
+                    "VLLMEngine draws its own noise, so it cannot stratify a group "
+                    "(GenerationRequest.stratum, rollout.group_sampling=stratified)"
+                )
         with self._queue_lock:
             self._pending.extend(items)
 

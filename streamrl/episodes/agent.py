@@ -168,7 +168,13 @@ class AgentEpisode:
         return full, content
 
     async def __call__(
-        self, engine: InferenceEngine, item: Item, seed: int, *, greedy: bool = False
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        seed: int,
+        *,
+        greedy: bool = False,
+        stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
         messages = self.first_messages(item)
@@ -183,7 +189,10 @@ class AgentEpisode:
                 m["agent/truncated"] = 1.0
                 break
             request = GenerationRequest(
-                list(tokens.ids), replace(params, max_new_tokens=budget_now), turn_seed(seed, turn)
+                list(tokens.ids),
+                replace(params, max_new_tokens=budget_now),
+                turn_seed(seed, turn),
+                stratum=stratum,
             )
             res = await engine.agenerate(request)
             finish = res.finish_reason

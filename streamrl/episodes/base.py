@@ -25,8 +25,17 @@ if TYPE_CHECKING:
 
 class Episode(Protocol):
     async def __call__(
-        self, engine: InferenceEngine, item: Item, seed: int, *, greedy: bool = False
-    ) -> Trajectory | None: ...
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        seed: int,
+        *,
+        greedy: bool = False,
+        stratum: tuple[int, int] | None = None,
+    ) -> Trajectory | None:
+        """One episode of ``item``. ``stratum`` (j, G): member j of a group of G sharing
+        ``seed`` whose draws are stratified (GenerationRequest.stratum)."""
+        ...
 
 
 EpisodeFactory = Callable[["Config", Any, "CompositeReward", SamplingParams], Episode]

@@ -52,11 +52,18 @@ class SingleTurnEpisode:
     reward: CompositeReward
 
     async def __call__(
-        self, engine: InferenceEngine, item: Item, seed: int, *, greedy: bool = False
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        seed: int,
+        *,
+        greedy: bool = False,
+        stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
         prompt_ids = encode_prompt(self.tokenizer, item)
-        result = await engine.agenerate(GenerationRequest(prompt_ids, params, seed))
+        request = GenerationRequest(prompt_ids, params, seed, stratum=stratum)
+        result = await engine.agenerate(request)
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         scored = await self.reward.ascore(text, item)
         metadata = {

@@ -125,7 +125,15 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
             async def roll(wave=wave):  # every episode of the wave decodes in one batch
                 return await asyncio.gather(
                     *(
-                        rollout_group(engine, episode, algo, it, cfg.rollout.group_size, cfg.seed)
+                        rollout_group(
+                            engine,
+                            episode,
+                            algo,
+                            it,
+                            cfg.rollout.group_size,
+                            cfg.seed,
+                            stratified=cfg.rollout.group_sampling == "stratified",
+                        )
                         for it in wave
                     )
                 )
