@@ -363,9 +363,8 @@ class LocalEngine(StepEngine):
 
     def _noise(self, slots: list[int] | slice) -> torch.Tensor:
         """The uniform of each slot's next token (GenerationRequest.stratum shifts it)."""
-        return shifted_uniform(
-            counter_uniform(self._seed[slots], self._count[slots]), self._shift[slots]
-        )
+        u = counter_uniform(self._seed[slots], self._count[slots])
+        return shifted_uniform(u, self._shift[slots]) if self._stratified[slots].any() else u
 
     def _record_scored(self, admitted: list[_Seq], logits: torch.Tensor) -> None:
         """Records the forced tokens scored in their prefill (``logits``: one row per
@@ -458,11 +457,11 @@ class LocalEngine(StepEngine):
             self._top_k[s] = p.top_k
             self._top_p[s] = p.top_p
             self._seed[s] = seq.request.seed & _U64
-            self._stratified[s] = seq.request.stratum is not None
-            if seq.request.stratum is not None:
+            stratum = seq.request.stratum
+            self._stratified[s] = stratum is not None
+            if stratum is not None:  # keyed on the context, shifted by j/G
                 self._seed[s] = context_key(self._seed[s], seq.request.prompt_ids)
-            j, g = seq.request.stratum or (0, 1)
-            self._shift[s] = j / g
+            self._shift[s] = 0.0 if stratum is None else stratum[0] / stratum[1]
             self._greedy_cpu[s] = p.temperature <= 0
             self._raw[s] = is_raw(p.temperature, p.top_k, p.top_p)
             self._count[s] = 0
