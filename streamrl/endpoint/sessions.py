@@ -188,7 +188,8 @@ class SessionTable:
 
     def _wakeup(self) -> None:
         if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+            with contextlib.suppress(RuntimeError):  # the server's loop is closed already
+                self._loop.call_soon_threadsafe(self._wake.set)
 
     def _assign(self, index: int) -> None:
         if self.stopping:  # admitted while the run stops: nobody will use it
