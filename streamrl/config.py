@@ -292,6 +292,30 @@ class EndpointConfig(_Section):
     tool_parser: str = Field(
         "hermes", description="How tool calls are parsed from completions (see agent.tool_parser)."
     )
+    max_body_bytes: int = Field(
+        2 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body; a larger one gets 413 before it is parsed.",
+    )
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Longest rendered prompt of a call, in tokens (default: the model's "
+        "context less one token); a longer one gets 400.",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A connection that has not sent a request's headers within this time "
+        "is closed.",
+    )
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A request body that has not fully arrived within this time gets 408.",
+    )
 
 
 class RunConfig(_Section):

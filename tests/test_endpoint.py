@@ -7,54 +7,17 @@ import json
 import os
 import stat
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from streamrl.config import load_config
 from streamrl.endpoint.pool import EndpointPool
-from streamrl.engines.inference import EngineStats
 from streamrl.launch import train
 from streamrl.models import load_model_and_tokenizer
 from streamrl.stream import SampleStream
-from streamrl.types import GenerationResult
-
-
-def _cfg(tmp_path: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "train.items_per_step=1",
-            "train.steps=2",
-            "stream.max_staleness=0",
-            "algorithm.advantage=reinforce_pp",
-            "algorithm.dynamic_sampling=false",
-            "rollout.max_new_tokens=4",
-            "endpoint.enabled=true",
-            "run.name=served",
-            "run.progress=false",
-            "run.tensorboard=false",
-            f"run.output_dir={tmp_path}",
-            *extra,
-        ],
-    )
-
-
-def _wait_endpoint(run_dir: Path, runner: threading.Thread) -> tuple[str, str]:
-    for _ in range(600):
-        if (run_dir / "endpoint.json").exists():
-            info = json.loads((run_dir / "endpoint.json").read_text())
-            return info["base_url"], Path(info["token_file"]).read_text()
-        assert runner.is_alive(), "the run ended before serving"
-        time.sleep(0.05)
-    raise AssertionError("the endpoint did not start")
+from tests.endpoint_harness import ScriptedEngine, endpoint_cfg, wait_endpoint
 
 
 def _reward(base: str, token: str, session: str, **body) -> httpx.Response:
@@ -64,11 +27,11 @@ def _reward(base: str, token: str, session: str, **body) -> httpx.Response:
 
 
 def test_sessions_rewards_auth_logprobs_and_admission(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+    cfg = endpoint_cfg(tmp_path)
     out: dict = {}
     runner = threading.Thread(target=lambda: out.setdefault("result", train(cfg)), daemon=True)
     runner.start()
-    base, token = _wait_endpoint(tmp_path / "served", runner)
+    base, token = wait_endpoint(tmp_path / "served", runner)
     token_file = tmp_path / "served" / "endpoint_token"
     assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
     assert base.startswith("http://127.0.0.1:") and base.endswith("/v1")
@@ -120,26 +83,8 @@ def test_sessions_rewards_auth_logprobs_and_admission(tmp_path: Path) -> None:
     assert first["rollout/reward_mean"] == 0.5 and first["endpoint/calls"] >= 1
 
 
-class ScriptedEngine:
-    """Answers every request with the same text: a Hermes tool call."""
-
-    def __init__(self, tokenizer, text: str) -> None:
-        self.ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.version, self.stats = 0, EngineStats()
-
-    def update_weights(self, state_dict, version) -> None:
-        self.version = version
-
-    async def agenerate(self, request) -> GenerationResult:
-        n = len(self.ids)
-        return GenerationResult(request.prompt_ids, self.ids, [-0.5] * n, [0] * n, "stop")
-
-    def close(self) -> None:
-        pass
-
-
 def test_tool_calls_come_back_in_openai_format(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+    cfg = endpoint_cfg(tmp_path)
     _, tokenizer = load_model_and_tokenizer("tiny-small")
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
     engine = ScriptedEngine(tokenizer, "Let me compute." + call)

@@ -3,8 +3,8 @@ episodes (rollout workers, or external agents through the HTTP endpoint).
 
 The controller talks to a pool through this interface: ``publish`` weights and time
 them (``publish_s``; ``sync_latency`` until every engine runs the version), ``hold``
-admission, ``raise_if_failed``, and per-step rollout statistics
-(``pop_rollout_stats``). The bookkeeping the trainer thread touches sits under a
+admission, ``drive_engines`` (lend the trainer's thread), ``raise_if_failed``, and
+per-step rollout statistics (``pop_rollout_stats``). The bookkeeping the trainer thread touches sits under a
 small lock that is never held for long, so the trainer never waits for a pump
 iteration (on a one-core trainer that can be a scheduling slice or more).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
@@ -62,6 +63,12 @@ class PoolBooks:
     def hold(self, on: bool) -> None:
         """Stop (or restart) admitting new items."""
         self._hold = on
+
+    def drive_engines(self, threads: int, until: Callable[[], bool]) -> bool:
+        """The caller's thread (the trainer's, waiting for a batch: ``runtime.lend_cores``)
+        runs inference steps until ``until()`` is true or there is no work. False where
+        this pool cannot lend its engines a thread (the default)."""
+        return False
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()

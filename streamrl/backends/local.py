@@ -90,11 +90,7 @@ class LocalBackend:
         nothing, where driving does not apply: more than one engine (one thread cannot
         step several at once), an engine that cannot be driven (a Gymnasium policy's), or
         one whose steps are too cheap to be worth it (:meth:`LocalEngine.worth_driving`)."""
-        engine = self.engines[0] if len(self.engines) == 1 else None
-        if not (hasattr(engine, "drive") and engine.worth_driving()):
-            return False
-        engine.drive(threads, until)
-        return True
+        return drive_engine(self.engines[0] if len(self.engines) == 1 else None, threads, until)
 
     def close(self) -> None:
         for w in self.workers:
@@ -103,3 +99,14 @@ class LocalBackend:
             t.join(30)
         for e in self.engines:
             e.close()
+
+
+def drive_engine(engine: object, threads: int, until: Callable[[], bool]) -> bool:
+    """Runs ``engine``'s steps on the calling thread (:meth:`LocalEngine.drive`) where
+    that applies: an engine that can be driven and whose steps cost enough
+    (:meth:`LocalEngine.worth_driving`). False, having run nothing, otherwise (None, a
+    Gymnasium policy's engine, vLLM's)."""
+    if not (hasattr(engine, "drive") and engine.worth_driving()):
+        return False
+    engine.drive(threads, until)
+    return True

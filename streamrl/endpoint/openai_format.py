@@ -1,8 +1,10 @@
 """OpenAI chat-completions wire format: requests in, responses out.
 
-Only what the official ``openai`` client sends and reads. Request bodies are
-validated by pydantic (a malformed one is a 422 with the field named; the server
-goes on). Responses follow the chat-completion object: ``choices[i].message`` with
+Only what the official ``openai`` client sends and reads. Request bodies are strict
+JSON (:func:`parse_body`: no NaN, infinity or overflowing number anywhere) validated by
+pydantic models that refuse non-finite floats too, and sampling parameters the float32
+sampler could not take; a malformed body is one 422 naming the field, and the server
+goes on. Responses follow the chat-completion object: ``choices[i].message`` with
 ``content`` and ``tool_calls``, ``logprobs.content`` (one entry per generated token;
 ``top_logprobs`` is always empty: the engine returns only the sampled token's
 log-prob), ``finish_reason`` and ``usage``. Each choice also carries
@@ -13,13 +15,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from streamrl.types import GenerationResult
+
+B = TypeVar("B", bound=BaseModel)
 
 
 class EndpointError(Exception):
@@ -30,7 +44,20 @@ class EndpointError(Exception):
         self.status = status
 
 
-class ChatRequest(BaseModel):
+MIN_TEMPERATURE = 0.01  # vLLM's floor too: logits / t overflows float32 for tiny t
+MIN_TOP_P = float(np.finfo(np.float32).tiny)  # smaller ones are 0 (or subnormal) in float32
+MAX_REWARD = 1e9  # |reward|: squares and sums of rewards stay finite in float32
+MAX_STOPS, MAX_STOP_CHARS = 4, 256  # OpenAI allows 4 stop sequences
+SessionId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class _Body(BaseModel):
+    """A request body: every float must be finite (NaN and infinity are a 422)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class ChatRequest(_Body):
     model_config = ConfigDict(extra="ignore")  # clients send fields we do not use
 
     model: str = ""
@@ -38,6 +65,8 @@ class ChatRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=64)
@@ -45,14 +74,93 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=0)  # only the sampled token
     stop: str | list[str] | None = None
     seed: int | None = None
-    session_id: str | None = Field(None, max_length=200)  # via extra_body
+    session_id: SessionId | None = None  # via extra_body
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, t: float | None) -> float | None:
+        if t is not None and 0 < t < MIN_TEMPERATURE:
+            raise ValueError(
+                f"must be 0 (greedy) or at least {MIN_TEMPERATURE}: smaller ones overflow "
+                "the logits"
+            )
+        return t
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, p: float | None) -> float | None:
+        if p is not None and p < MIN_TOP_P:  # the engine samples in float32
+            raise ValueError(f"must be at least {MIN_TOP_P} (float32's smallest normal number)")
+        return p
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float | None) -> float | None:
+        if v:
+            raise ValueError("not supported by this endpoint (give 0 or leave it out)")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences, got {len(stops)}")
+        if any(not 1 <= len(s) <= MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"each stop sequence has 1 to {MAX_STOP_CHARS} characters")
+        return stops
 
 
-class RewardRequest(BaseModel):
+Reward = Annotated[float, Field(ge=-MAX_REWARD, le=MAX_REWARD)]
+
+
+class RewardRequest(_Body):
     model_config = ConfigDict(extra="forbid")
 
-    reward: float | None = None  # one reward for every call of the session
-    rewards: list[float] | None = None  # or one per recorded completion, in order
+    reward: Reward | None = None  # one reward for every call of the session
+    rewards: list[Reward] | None = None  # or one per recorded completion, in order
+
+    @model_validator(mode="after")
+    def _one(self) -> RewardRequest:
+        if (self.reward is None) == (self.rewards is None):
+            raise ValueError("give exactly one of 'reward' and 'rewards'")
+        return self
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows (only finite numbers)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} does not fit a float (only finite numbers)")
+    return value
+
+
+def parse_body(raw: bytes, model: type[B]) -> B:
+    """A request body: strict JSON (no NaN, Infinity or overflowing numbers anywhere,
+    fields we ignore included), then ``model``'s rules. Every problem is one 422
+    naming the field."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise EndpointError(422, "body: JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, the two above
+        raise EndpointError(422, f"body: invalid JSON: {e}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise EndpointError(422, describe(e)) from None
+
+
+def describe(e: ValidationError) -> str:
+    """One line: each bad field's dotted path and what is wrong with it."""
+    parts = []
+    for err in e.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
 
 
 def text_of(content: Any) -> str:

@@ -7,10 +7,12 @@ the accounting, checkpoints and metrics are unchanged:
 
 - a **session** (``session_id`` in the request body) is one item. Its first call asks
   the stream for admission at the engine's current weight version and *waits* while
-  the staleness bound says no; it is never dropped;
+  the staleness bound says no; it is never dropped. Concurrent first calls with one id
+  share one session and one item (:mod:`streamrl.endpoint.sessions`: the session's
+  life, and how every admitted item ends);
 - each call generates with the endpoint's engine (token ids, exact log-probs and
   per-token versions recorded) and becomes one trajectory of the session: the rendered
-  prompt masked, the completion trained;
+  prompt masked, the completion trained. A call the engine fails fails alone;
 - ``POST /v1/sessions/{id}/reward`` ends the session: its trajectories, scored, go
   through the algorithm's group filter into the stream as one group. A session idle
   for ``endpoint.session_timeout_s`` is a failed item (``session_timeout``);
@@ -32,7 +34,7 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +42,15 @@ import torch
 
 from streamrl.algorithms import Filtered, build_algorithm
 from streamrl.backends.books import PoolBooks
+from streamrl.backends.local import drive_engine
 from streamrl.endpoint.openai_format import EndpointError
+from streamrl.endpoint.sessions import EndpointSession, SessionTable
 from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.episodes import trajectory_from_result
 from streamrl.messages import GroupDone, GroupRejected
 from streamrl.rollout import sampling_seed
 from streamrl.stream import Group, SampleStream, StreamClosed
-from streamrl.types import GenerationRequest, SamplingParams, Trajectory
-
-
-@dataclass
-class EndpointSession:
-    item_index: int
-    calls: int = 0
-    trajectories: list[Trajectory] = field(default_factory=list)
-    last_seen: float = field(default_factory=time.monotonic)
+from streamrl.types import GenerationRequest, GenerationResult, SamplingParams
 
 
 class EndpointPool(PoolBooks):
@@ -80,8 +76,10 @@ class EndpointPool(PoolBooks):
         )
         self.engine.update_weights(weights, version)
         self.algorithm = build_algorithm(cfg)
-        self.sessions: dict[str, EndpointSession] = {}
-        self.counts = {"calls": 0, "untracked_calls": 0, "sessions": 0}
+        self.table = SessionTable(
+            stream, lambda: self.engine.version, lambda: self._hold, self._end
+        )
+        self.counts = {"calls": 0, "untracked_calls": 0, "failed_calls": 0}
         self.token = secrets.token_urlsafe(32)
         self.base_url = ""
         self._server: Any = None
@@ -91,17 +89,15 @@ class EndpointPool(PoolBooks):
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        import uvicorn
-
         from streamrl.endpoint.app import build_app
+        from streamrl.endpoint.server import make_server
 
         token_file = self.run_dir / "endpoint_token"
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.token)
         e = self.cfg.endpoint
-        config = uvicorn.Config(build_app(self), host=e.host, port=e.port, log_level="warning")
-        self._server = uvicorn.Server(config)
+        self._server = make_server(build_app(self), e)
         self._thread = threading.Thread(target=self._server.run, name="endpoint", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 60
@@ -117,11 +113,21 @@ class EndpointPool(PoolBooks):
         print(f"streamrl: serving {self.base_url} (bearer token in {token_file})", flush=True)
 
     def stop(self) -> None:
+        """Refuses the sessions waiting for admission (503), then stops the server
+        (calls still generating get ``server.SHUTDOWN_GRACE_S`` to finish) and the engine."""
+        self.table.stop()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(30)
         self.engine.close()
+        c = {**self.counts, **self.table.counts}
+        self.log.info(
+            "endpoint stopped: %(calls)d calls (%(failed_calls)d failed), %(sessions)d "
+            "sessions admitted, %(sessions_refused)d session(s) waiting for admission "
+            "refused, %(sessions_abandoned)d abandoned before admission",
+            c,
+        )
 
     def raise_if_failed(self) -> None:
         super().raise_if_failed()
@@ -144,6 +150,9 @@ class EndpointPool(PoolBooks):
         if engines:
             self.engine.resume()
 
+    def drive_engines(self, threads: int, until: Callable[[], bool]) -> bool:
+        return drive_engine(self.engine, threads, until)
+
     def drain(self) -> None:
         """Wait for the calls being generated (sessions stay open: their agents decide)."""
         while self._active_calls:
@@ -155,8 +164,10 @@ class EndpointPool(PoolBooks):
     def pop_rollout_stats(self) -> dict[str, float]:
         self._synced(self.engine.version)
         out = super().pop_rollout_stats()
-        out.update({f"endpoint/{k}": float(v) for k, v in self.counts.items()})
-        out["endpoint/open_sessions"] = float(len(self.sessions))
+        counts = {**self.counts, **self.table.counts}
+        out.update({f"endpoint/{k}": float(v) for k, v in counts.items()})
+        out["endpoint/open_sessions"] = float(self.table.open)
+        out["endpoint/waiting_sessions"] = float(self.table.waiting)
         return out
 
     # ------------------------------------------------------------ checkpoints
@@ -171,72 +182,73 @@ class EndpointPool(PoolBooks):
         for index in state["outstanding"]:  # their agents are gone: count them, once
             self.stream.reject(index, "failed", "endpoint_restarted")
 
-    # ------------------------------------------------------------ sessions (server loop)
+    # ------------------------------------------------------------ calls (server loop)
 
-    async def open_session(self, session_id: str) -> EndpointSession:
-        session = self.sessions.get(session_id)
-        if session is not None:
-            return session
-        while True:  # wait for admission: the staleness bound, or a held stream
-            if not self._hold:
-                try:
-                    got = await asyncio.to_thread(self.stream.admit, self.engine.version, 1, 0.25)
-                except StreamClosed:
-                    raise EndpointError(503, "the run has ended: no new sessions") from None
-                if got:
-                    break
-            else:
-                if self.stream.closed:
-                    raise EndpointError(503, "the run has ended: no new sessions")
-                await asyncio.sleep(0.05)
-        session = self.sessions.setdefault(session_id, EndpointSession(got[0]))
-        self.counts["sessions"] += 1
-        return session
+    async def admit_forever(self) -> None:
+        """The sessions' admitter (:meth:`SessionTable.admit_forever`); should it ever
+        fail, the run fails with its error instead of waiting for admissions forever."""
+        try:
+            await self.table.admit_forever()
+        except Exception as e:
+            self.error = e
+            raise
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, n: int, session: EndpointSession | None
-    ) -> list[Any]:
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int,
+        session: EndpointSession | None,
+    ) -> list[GenerationResult]:
+        """``n`` completions of one call. A call the engine fails fails alone: its
+        client gets the error (400 for a request the engine rejects, else 500), it is
+        counted (``endpoint/failed_calls``), and its session records nothing for it."""
         self.counts["calls"] += 1
         if session is None:
             self.counts["untracked_calls"] += 1
+            base, call = self.counts["calls"], 0
+        else:  # numbered now: concurrent calls of a session draw different seeds
+            base, call = session.item_index, session.calls
+            session.calls += 1
+        requests = [
+            GenerationRequest(prompt_ids, params, sampling_seed(self.cfg.seed, base, call * 64 + j))
+            for j in range(n)
+        ]
         self._active_calls += 1
         try:
-            base = session.item_index if session else self.counts["calls"]
-            call = session.calls if session else 0
-            requests = [
-                GenerationRequest(
-                    prompt_ids, params, sampling_seed(self.cfg.seed, base, call * 64 + j)
-                )
-                for j in range(n)
-            ]
             results = await asyncio.gather(*(self.engine.agenerate(r) for r in requests))
+        except ValueError as e:  # the engine refused this request
+            self.counts["failed_calls"] += 1
+            raise EndpointError(400, f"the engine rejected the request: {e}") from None
+        except Exception as e:
+            self.counts["failed_calls"] += 1
+            self.log.error("endpoint call failed: %s: %s", type(e).__name__, e)
+            raise EndpointError(500, f"generation failed: {type(e).__name__}: {e}") from None
         finally:
             self._active_calls -= 1
         if session is not None:
-            session.calls += 1
-            session.last_seen = time.monotonic()
-            for res in results:
-                meta = {"finish_reason": res.finish_reason}
-                session.trajectories.append(
-                    trajectory_from_result(res, 0.0, session.item_index, meta)
+            session.results[call] = [
+                trajectory_from_result(
+                    r, 0.0, session.item_index, {"finish_reason": r.finish_reason}
                 )
+                for r in results
+            ]
         return results
 
     def report_reward(self, session_id: str, reward: float | None, rewards: list[float] | None):
-        session = self.sessions.get(session_id)
-        if session is None:
-            raise EndpointError(404, f"no open session {session_id!r}")
-        trajs = session.trajectories
+        """Ends a session with its reward(s): its completions, scored, go through the
+        algorithm's group filter into the stream as one group."""
+        session = self.table.ending(session_id)
+        trajs = session.trajectories()
         if rewards is None:
-            if reward is None:
-                raise EndpointError(422, "give 'reward' or 'rewards'")
-            rewards = [reward] * len(trajs)
+            rewards = [float(reward)] * len(trajs)  # type: ignore[arg-type]
         if len(rewards) != len(trajs):
             raise EndpointError(
-                422, f"session {session_id!r} recorded {len(trajs)} completions, got "
-                f"{len(rewards)} rewards"
-            )  # fmt: skip
-        del self.sessions[session_id]
+                422,
+                f"session {session_id!r} recorded {len(trajs)} completions, got "
+                f"{len(rewards)} rewards",
+            )
+        self.table.remove(session)
         index = session.item_index
         if not trajs:
             self._end(GroupRejected(index, "failed", "empty_session"))
@@ -252,13 +264,8 @@ class EndpointPool(PoolBooks):
             self._end(GroupDone(index, tuple(kept), total, len(trajs)))
 
     def expire_sessions(self) -> None:
-        limit = self.cfg.endpoint.session_timeout_s
-        now = time.monotonic()
-        for sid, s in list(self.sessions.items()):
-            if now - s.last_seen > limit:
-                del self.sessions[sid]
-                self.log.error("session %s timed out without a reward", sid)
-                self._end(GroupRejected(s.item_index, "failed", "session_timeout"))
+        for sid in self.table.expire(self.cfg.endpoint.session_timeout_s):
+            self.log.error("session %s timed out without a reward", sid)
 
     def _end(self, msg: GroupDone | GroupRejected) -> None:
         self._add_rollout_stats(msg)
