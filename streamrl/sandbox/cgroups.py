@@ -37,12 +37,13 @@ PREFIX = "streamrl-sandbox-"
 CPU_PERIOD_US = 100_000
 KILL_WAIT_S = 5.0  # a killed cgroup empties in milliseconds; past this, it is left behind
 # sh joins every cgroup given before it execs the sandbox (n paths, then the command)
+JOIN_FAILED = 125
+JOIN_MESSAGE = "streamrl-sandbox: cannot join the cgroup"
 _JOIN = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
-    'echo $$ > "$1" || { echo "streamrl-sandbox: cannot join the cgroup $1" >&2; exit 125; }; '
+    f'echo $$ > "$1" || {{ echo "{JOIN_MESSAGE} $1" >&2; exit {JOIN_FAILED}; }}; '
     'shift; n=$((n - 1)); done; exec "$@"'
 )
-JOIN_FAILED = 125
 _counter = itertools.count()
 _swept: set[Path] = set()
 

@@ -284,6 +284,8 @@ class Sandbox:
         if raw.timed_out or raw.killed:
             return raw, None
         codes = _records(status, "exit-code")
+        if not codes:
+            _check_joined(raw, group)
         if not codes:  # bwrap failed before the code started
             raise SandboxError(
                 f"bubblewrap failed (exit {raw.returncode})"
@@ -311,10 +313,7 @@ class Sandbox:
             raw = await self._execute(argv, sandbox_env(workdir), workdir, stdin, [], None)
         finally:
             remove_tree(workdir)
-        if group is not None and raw.returncode == cgroups.JOIN_FAILED:
-            text = raw.stderr.decode("utf-8", "replace")
-            if "streamrl-sandbox: cannot join the cgroup" in text:
-                raise SandboxError(f"could not join the run's cgroup: {text.strip()[-300:]}")
+        _check_joined(raw, group)
         if raw.timed_out or raw.killed:
             return raw, None
         return raw, raw.returncode
@@ -443,6 +442,16 @@ def _limit_hit(raw: Raw, exit_code: int | None, usage: dict[str, float]) -> str 
 
 def _join(group: cgroups.RunCgroup | None) -> list[str]:
     return group.join_argv() if group is not None else []
+
+
+def _check_joined(raw: Raw, group: cgroups.RunCgroup | None) -> None:
+    """SandboxError if the first process could not join the run's cgroup (and so
+    nothing ran)."""
+    if group is None or raw.returncode != cgroups.JOIN_FAILED:
+        return
+    text = raw.stderr.decode("utf-8", "replace")
+    if cgroups.JOIN_MESSAGE in text:
+        raise SandboxError(f"could not join the run's cgroup: {text.strip()[-300:]}")
 
 
 def _warn_once(message: str) -> None:
