@@ -136,6 +136,20 @@ def test_no_cgroup_is_said_and_can_be_required(strong, monkeypatch):
         assert Sandbox(isolation="weak").run("pass").enforced["processes"] == "none"
 
 
+def test_a_cgroup_with_controllers_missing_says_which(strong, monkeypatch):
+    real = cgroups.support()
+    if "memory" not in real.parents:
+        pytest.skip(f"no memory cgroup here: {real.note}")
+    memory_only = cgroups.Support(real.version, {"memory": real.parents["memory"]}, (), "test")
+    monkeypatch.setattr(cgroups, "support", lambda: memory_only)
+    result = Sandbox().run("print(1)")
+    assert result.enforced["memory"] == f"cgroup {real.version}"
+    assert (result.enforced["processes"], result.enforced["cpu"]) == ("rlimit", "rlimit")
+    assert result.notes == ("no cgroup controller for pids, cpu",)
+    with pytest.raises(SandboxError, match=r"no cgroup pids, cpu controller \(cgroup='required'\)"):
+        Sandbox(cgroup="required").run("print(1)")
+
+
 def test_a_cgroup_that_cannot_be_joined_is_an_error(strong, monkeypatch, tmp_path):
     """A cgroup made but not joinable (here: cgroup.procs is a directory) is an error,
     never a run outside it."""

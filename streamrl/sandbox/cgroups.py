@@ -179,7 +179,12 @@ class RunCgroup:
                 path = parent / name
                 if path not in run.made:
                     _sweep(parent)
-                    path.mkdir()
+                    try:
+                        path.mkdir()
+                    except OSError:
+                        if controller in EXTRAS:  # only a convenience: go on without it
+                            continue
+                        raise
                     run.made.append(path)
                 run.dirs[controller] = path
             run._set_limits(memory_bytes, pids, max(1000, round(cpus * CPU_PERIOD_US)))

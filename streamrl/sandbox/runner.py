@@ -340,6 +340,9 @@ class Sandbox:
             )
             return None, (f"no cgroup: {exc}",)
         missing = [c for c in cgroups.CONTROLLERS if c not in group.enforced]
+        if missing and self.cgroup == "required":
+            group.close_now()
+            raise SandboxError(f"no cgroup {', '.join(missing)} controller (cgroup='required')")
         return group, ((f"no cgroup controller for {', '.join(missing)}",) if missing else ())
 
     def _launcher(self, uid: int | None) -> list[str]:
