@@ -337,6 +337,7 @@ def check_sandbox(cfg: Config) -> str:
     if cfg.rollout.episode != "agent" or "python" not in cfg.agent.tools:
         return "unused"
     import asyncio
+    import concurrent.futures
 
     from streamrl.tools import ToolCall, build_tools
 
@@ -346,7 +347,8 @@ def check_sandbox(cfg: Config) -> str:
     except ValueError as e:
         raise PreflightError(f"agent.tool_options.python: {e}") from None
     call = ToolCall("python", {"code": "print('ok')"}, raw="")
-    result = asyncio.run(tools.execute(call))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # whether or not a loop runs here
+        result = pool.submit(asyncio.run, tools.execute(call)).result()
     if result.error is not None or result.content != "ok\n":
         raise PreflightError(
             f"agent.tools has python, but its sandbox does not work here: {result.content}. "

@@ -233,16 +233,21 @@ class Sandbox:
     ) -> tuple[Raw, int | None]:
         bwrap = bwrap_binary()
         root = os.geteuid() == 0
-        try:
-            filter_fd = seccomp.program_fd()
-        except seccomp.SeccompUnavailable as exc:
-            raise SandboxError(f"no seccomp filter for the strong sandbox: {exc}") from None
-        code_fd = os.memfd_create("main.py")  # bwrap copies it into the private tmpfs
-        status_r, status_w = os.pipe()
         # the child's ends go to execute, which closes them once bwrap has them
-        parent_fds, child_fds = [status_r], [filter_fd, code_fd, status_w]
+        parent_fds: list[int] = []
+        child_fds: list[int] = []
         setup = None
         try:
+            try:
+                filter_fd = seccomp.program_fd()
+            except seccomp.SeccompUnavailable as exc:
+                raise SandboxError(f"no seccomp filter for the strong sandbox: {exc}") from None
+            child_fds.append(filter_fd)
+            code_fd = os.memfd_create("main.py")  # bwrap copies it into the private tmpfs
+            child_fds.append(code_fd)
+            status_r, status_w = os.pipe()
+            parent_fds.append(status_r)
+            child_fds.append(status_w)
             with open(code_fd, "wb", closefd=False) as f:
                 f.write(code)
             os.lseek(code_fd, 0, os.SEEK_SET)
@@ -284,9 +289,8 @@ class Sandbox:
         if raw.timed_out or raw.killed:
             return raw, None
         codes = _records(status, "exit-code")
-        if not codes:
+        if not codes:  # the code never started: the cgroup, or bwrap, failed first
             _check_joined(raw, group)
-        if not codes:  # bwrap failed before the code started
             raise SandboxError(
                 f"bubblewrap failed (exit {raw.returncode})"
                 + _explain(raw.stderr.decode("utf-8", "replace"))
