@@ -260,7 +260,7 @@ def test_limits_are_applied_inside(strong, monkeypatch, launcher):
     box = Sandbox(cpu_s=7, memory_mb=300, max_processes=20, max_file_bytes=5000)
     code = (
         "import os, resource as r\n"
-        "print([r.getrlimit(getattr(r, 'RLIMIT_' + n)) for n in ('CPU', 'AS', 'NPROC', 'FSIZE')])\n"
+        "print([r.getrlimit(getattr(r, 'RLIMIT_' + n)) for n in ('CPU', 'AS', 'NPROC', 'FSIZE', 'NOFILE')])\n"
         "print(os.getuid(), os.getgid(), os.getgroups())\n"
         "try:\n"
         "    with open('big', 'wb') as f:\n"
@@ -270,7 +270,7 @@ def test_limits_are_applied_inside(strong, monkeypatch, launcher):
     )
     result = box.run(code)
     limits, ids, size = result.stdout.splitlines()
-    assert limits == str([(7, 8), (300 << 20, 300 << 20), (20, 20), (5000, 5000)])
+    assert limits == str([(7, 8), (300 << 20, 300 << 20), (20, 20), (5000, 5000), (1024, 1024)])
     if os.geteuid() == 0:  # root's sandbox runs the code as nobody, without groups
         assert ids == f"{sandbox_module.SANDBOX_UID} {sandbox_module.SANDBOX_UID} []"
     assert size == "27 5000"  # EFBIG, and the file stopped at the limit

@@ -4,7 +4,8 @@ rlimits are per process and count only some memory (RLIMIT_AS misses shared memo
 memfd and tmpfs pages; RLIMIT_NPROC misses kernel uid 0). A cgroup counts all of its
 processes together, whatever they allocate: ``memory`` (RAM and swap, page cache and
 tmpfs included), ``pids`` (processes and threads) and ``cpu`` (a CFS bandwidth quota:
-at most ``cpus`` cores' worth). Each run gets a child cgroup of the cgroup this process
+at most ``cpus`` cores' worth; on v1 TCP buffers, which its memory counter misses, get
+a quarter of the memory limit of their own). Each run gets a child cgroup of the cgroup this process
 is in (so limits from above still apply), the sandbox's first process joins it before
 anything else starts (``join_argv``: ``/bin/sh`` writes its pid into ``cgroup.procs``,
 then execs the sandbox), and when the run ends every process left in it is killed
@@ -35,6 +36,7 @@ CONTROLLERS = ("memory", "pids", "cpu")
 EXTRAS = ("freezer", "cpuacct")  # v1 only: to kill everything, to measure CPU time
 PREFIX = "streamrl-sandbox-"
 CPU_PERIOD_US = 100_000
+TCP_SHARE = 4  # v1: TCP socket buffers get memory / TCP_SHARE of their own
 KILL_WAIT_S = 5.0  # a killed cgroup empties in milliseconds; past this, it is left behind
 # sh joins every cgroup given before it execs the sandbox (n paths, then the command)
 JOIN_FAILED = 125
@@ -213,6 +215,9 @@ class RunCgroup:
         if "memory" in self.dirs:  # memory + swap: the second may not exceed the first
             self._write("memory", "memory.limit_in_bytes", memory_bytes)
             self._write("memory", "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
+            # v1 counts TCP buffers apart (v2 within memory.max), and only with a limit set
+            tcp = memory_bytes // TCP_SHARE
+            self._write("memory", "memory.kmem.tcp.limit_in_bytes", tcp, optional=True)
         if "pids" in self.dirs:
             self._write("pids", "pids.max", pids)
         if "cpu" in self.dirs:

@@ -56,6 +56,7 @@ CGROUP_MODES = ("auto", "required", "off")
 SANDBOX_UID = 65534  # the code's kernel uid ("nobody") when root starts the sandbox
 WORKDIR_FILES = 4  # the private tmpfs holds WORKDIR_FILES x max_file_bytes
 OWN_PROCESSES = 2  # bwrap and its init: counted in the cgroup's pids.max on top of the code's
+MAX_OPEN_FILES = 1024  # per process (RLIMIT_NOFILE)
 START_TIMEOUT_S = 10.0  # bwrap must report its child within this (it takes milliseconds)
 LIMITS = ("memory", "processes", "cpu")  # the limits a cgroup can hold for all processes
 
@@ -357,6 +358,7 @@ class Sandbox:
             ("as", self.memory_mb << 20, self.memory_mb << 20),
             ("nproc", self.max_processes, self.max_processes),
             ("fsize", self.max_file_bytes, self.max_file_bytes),
+            ("nofile", MAX_OPEN_FILES, MAX_OPEN_FILES),  # pipes and sockets hold memory
             ("core", 0, 0),
         ]
         prlimit, setpriv = tool("prlimit"), tool("setpriv")
