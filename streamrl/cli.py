@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--isolation",
             choices=["strong", "weak"],
             default="strong",
-            help="weak: rlimits only, no namespaces or seccomp (unsafe; never a fallback)",
+            help="weak: rlimits and a cgroup, no namespaces, seccomp or uid change (unsafe)",
         )
         parser.add_argument(
             "--cgroup",

@@ -101,7 +101,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     truncated: bool  # output was cut at max_output_bytes
-    isolation: str  # "strong" (namespaces + seccomp) | "weak" (rlimits only, opted into)
+    isolation: str  # "strong" (namespaces + seccomp) | "weak" (rlimits + cgroup, opted into)
     wall_s: float
     mechanism: str = ""
     seccomp: bool = False
