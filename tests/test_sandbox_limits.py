@@ -247,6 +247,21 @@ def test_v2_needs_delegable_controllers(tmp_path):
     assert "offers no memory/pids/cpu controller" in bare.note
 
 
+def test_v2_limits_and_kill_are_written_where_the_kernel_reads_them(tmp_path):
+    """The v2 files a run writes, on a stand-in directory (this machine's v2 hierarchy
+    has no controllers): memory.max, pids.max, cpu.max, and cgroup.kill to end it."""
+    where = cgroups.Support("v2", dict.fromkeys(cgroups.CONTROLLERS, tmp_path), (), "test")
+    group = cgroups.RunCgroup.create(where, memory_bytes=64 << 20, pids=12, cpus=0.25)
+    (run_dir,) = group.made
+    assert run_dir.parent == tmp_path and run_dir.name.startswith(cgroups.PREFIX)
+    written = {f.name: f.read_text() for f in run_dir.iterdir()}
+    assert written == {"memory.max": str(64 << 20), "pids.max": "12", "cpu.max": "25000 100000"}
+    assert group.enforced == cgroups.CONTROLLERS
+    assert group.join_argv()[4:] == ["1", str(run_dir / "cgroup.procs")]
+    group.kill()
+    assert (run_dir / "cgroup.kill").read_text() == "1"
+
+
 def test_what_the_machine_gives_is_reported_in_every_result(strong):
     result = Sandbox().run("pass")
     assert result.isolation == "strong" and result.seccomp and result.mechanism == "bwrap"
