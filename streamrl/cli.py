@@ -201,16 +201,24 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    """Run a file as the agent's ``python`` tool would; one JSON object on stdout.
-    Exit 0 whenever the sandbox worked: the JSON says what the code did."""
+    """``run``: a file as the agent's ``python`` tool would; one JSON object on stdout.
+    Exit 0 whenever the sandbox worked: the JSON says what the code did. ``check``: what
+    isolation this machine gives (a test program's result, and the cgroup support).
+    A sandbox that cannot start is one error line naming the cause, exit 2."""
     import json
 
-    from streamrl.sandbox import Sandbox, SandboxError
+    from streamrl.sandbox import Sandbox, SandboxError, check, support
 
+    options = {"isolation": args.isolation, "cgroup": args.cgroup}
     try:
-        result = Sandbox(timeout_s=args.timeout).run_file(args.file)
+        if args.sandbox_command == "check":
+            result = check(**options)
+            report = {k: v for k, v in result.to_json().items() if k not in ("stdout", "stderr")}
+            print(json.dumps({"level": result.level, **report, "cgroup_support": support().note}))
+            return 0
+        result = Sandbox(timeout_s=args.timeout, **options).run_file(args.file)
     except SandboxError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: the sandbox could not start: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result.to_json()))
     return 0
@@ -326,7 +334,21 @@ def build_parser() -> argparse.ArgumentParser:
     sbr = sbsub.add_parser("run", help="run FILE.py in the sandbox, print one JSON result")
     sbr.add_argument("file", help="the Python program")
     sbr.add_argument("--timeout", type=float, default=10.0, help="wall clock limit (s)")
-    sbr.set_defaults(func=cmd_sandbox)
+    sbc = sbsub.add_parser("check", help="print the isolation this machine gives, as JSON")
+    for parser in (sbr, sbc):
+        parser.add_argument(
+            "--isolation",
+            choices=["strong", "weak"],
+            default="strong",
+            help="weak: rlimits and a cgroup, no namespaces, seccomp or uid change (unsafe)",
+        )
+        parser.add_argument(
+            "--cgroup",
+            choices=["auto", "required", "off"],
+            default="auto",
+            help="a cgroup per run: where the host allows (auto), or else an error (required)",
+        )
+        parser.set_defaults(func=cmd_sandbox)
     return p
 
 

@@ -234,6 +234,7 @@ class Session:
         seed_everything(cfg.seed)
         if ckpt is not None:
             self.summary = dict(ckpt.state["summary"])
+        self.summary["sandbox/isolation"] = self.inputs.sandbox  # how model code runs
         self.device = resolve_device(cfg.runtime.device)
         source = self.inputs.source
         spaces = getattr(source, "observation_space", None), getattr(source, "action_space", None)

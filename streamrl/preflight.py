@@ -43,6 +43,7 @@ class Inputs:
     reward: CompositeReward
     heldout: list[Item]
     algorithm: Algorithm
+    sandbox: str = "unused"  # the python tool's isolation level (check_sandbox)
 
 
 def check_reward_options(cfg: Config) -> None:
@@ -329,6 +330,34 @@ def check_offline_stages(cfg: Config) -> None:
         )
 
 
+def check_sandbox(cfg: Config) -> str:
+    """Where episodes run model-written code (the ``python`` tool), run one program the
+    way the tool will, before anything is written: a sandbox that cannot start is an
+    error naming its cause, never a weaker sandbox. Returns the isolation level."""
+    if cfg.rollout.episode != "agent" or "python" not in cfg.agent.tools:
+        return "unused"
+    import asyncio
+    import concurrent.futures
+
+    from streamrl.tools import ToolCall, build_tools
+
+    options = cfg.agent.tool_options.get("python", {})
+    try:
+        tools = build_tools(["python"], {"python": options}, timeout_s=cfg.agent.tool_timeout_s)
+    except ValueError as e:
+        raise PreflightError(f"agent.tool_options.python: {e}") from None
+    call = ToolCall("python", {"code": "print('ok')"}, raw="")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # whether or not a loop runs here
+        result = pool.submit(asyncio.run, tools.execute(call)).result()
+    if result.error is not None or result.content != "ok\n":
+        raise PreflightError(
+            f"agent.tools has python, but its sandbox does not work here: {result.content}. "
+            "(agent.tool_options.python.isolation=weak runs model-written code without "
+            "isolation: unsafe, and only ever as an explicit choice)"
+        )
+    return result.metadata["isolation"]
+
+
 def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     """Run every check; returns the built inputs. Raises PreflightError (or the data
     source's DataError, which names file and line)."""
@@ -365,6 +394,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_domains(cfg, source)
     check_offline_stages(cfg)
     check_selection(cfg)
+    sandbox = check_sandbox(cfg)
     if output_dir:
         check_output_dir(cfg.run.output_dir)
-    return Inputs(source, build_reward(cfg.reward), heldout, algorithm)
+    return Inputs(source, build_reward(cfg.reward), heldout, algorithm, sandbox)

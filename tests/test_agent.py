@@ -169,6 +169,38 @@ def test_malformed_calls_are_observations_and_counted() -> None:
     assert [x["role"] for x in traj.metadata["messages"]][-2:] == ["tool", "assistant"]
 
 
+def test_python_calls_report_their_isolation_in_the_metrics() -> None:
+    """The python tool's result metadata (how the code was isolated) reaches the
+    episode's metrics: sandbox/calls, sandbox/weak_calls, sandbox/no_cgroup_calls."""
+    from tests.sandbox_corpus import require_strong
+
+    strong = require_strong()
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "qwen_style_tokenizer")
+    code = '<tool_call>{"name": "python", "arguments": {"code": "print(1234*5678)"}}</tool_call>'
+    engine = ScriptedEngine(tokenizer, [code, code, "The answer is 7006652."])
+    eos = [tokenizer.eos_token_id]
+    sampling = SamplingParams(max_new_tokens=200, stop=[], stop_token_ids=eos)
+    reward = CompositeReward([("numeric_match", 1.0)])
+    tools = build_tools(["python"], {"python": {"timeout_s": 30}})
+    episode = AgentEpisode(
+        tokenizer,
+        sampling,
+        reward,
+        tools,
+        get_tool_parser("hermes"),
+        max_turns=3,
+        max_total_tokens=4000,
+    )
+    traj = _run(episode, engine, QUESTION)
+    m = traj.metadata["metrics"]
+    assert traj.reward == 1.0 and m["agent/tool_calls"] == 2
+    assert (m["sandbox/calls"], m["sandbox/weak_calls"]) == (2.0, 0.0)
+    assert m["sandbox/no_cgroup_calls"] == (2.0 if strong.cgroup is None else 0.0)
+    assert [x["content"] for x in traj.metadata["messages"] if x["role"] == "tool"] == [
+        "7006652\n"
+    ] * 2
+
+
 def test_final_answer_and_the_token_budget() -> None:
     tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "qwen_style_tokenizer")
     done = '<tool_call>{"name": "final_answer", "arguments": {"answer": "7006652"}}</tool_call>'
@@ -197,5 +229,6 @@ def test_agent_episodes_train_through_the_pipeline(tmp_path: Path) -> None:
     result = train(cfg)
     rows = metric_rows(result.run_dir)
     assert result.summary["stream/consumed"] == 4
+    assert result.summary["sandbox/isolation"] == "unused"  # no python tool in this run
     turns = [r["agent/turns"] for r in rows if "agent/turns" in r]
     assert turns and all(t >= 1 for t in turns)

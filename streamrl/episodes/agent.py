@@ -216,6 +216,8 @@ class AgentEpisode:
                 m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
                 if r.error:
                     m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
+                for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
+                    m[key] = m.get(key, 0.0) + value
             final = [r for r in results if r.final]
             if final:
                 answer = final[0].content

@@ -21,6 +21,7 @@ from streamrl.tools.base import (
     Tool,
     ToolCall,
     ToolFailure,
+    ToolOutput,
     ToolResult,
     ToolSet,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolFailure",
+    "ToolOutput",
     "ToolResult",
     "ToolSet",
     "build_tool",

@@ -36,7 +36,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.tools.validation import check_arguments
@@ -83,6 +83,9 @@ class ToolResult:
     error: str | None
     latency_s: float
     final: bool = False
+    # what the tool reports beside the content, not shown to the model: the python tool's
+    # isolation; numbers under "metrics" are summed into the episode's metrics
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 # Every kind a ToolResult's ``error`` can hold, what it means.
@@ -102,6 +105,7 @@ ERROR_KINDS: dict[str, str] = {
     "bad_argument_type": "an argument's value does not match the schema's type",
     "tool_error": "the tool raised; the message shows the exception's type and text",
     "timeout": "the tool ran past its time limit (a thread is abandoned, a coroutine cancelled)",
+    "sandbox_error": "the python tool's sandbox could not start (the code did not run)",
 }
 
 
@@ -112,10 +116,20 @@ class ToolFailure(Exception):
     'the program ran past 5s'
     """
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, metadata: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.metadata = metadata or {}
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's return value with metadata for the episode (``ToolResult.metadata``);
+    the model sees only ``value``."""
+
+    value: Any
+    metadata: dict[str, Any]
 
 
 class Tool:
@@ -279,8 +293,11 @@ class ToolSet:
             return ToolResult(call.name, f"Error: {call.message}", call.kind, 0.0)
         start = time.perf_counter()
 
-        def result(content: str, error: str | None, final: bool = False) -> ToolResult:
-            return ToolResult(call.name, content, error, time.perf_counter() - start, final)
+        def result(
+            content: str, error: str | None, final: bool = False, metadata: dict | None = None
+        ) -> ToolResult:
+            latency = time.perf_counter() - start
+            return ToolResult(call.name, content, error, latency, final, metadata or {})
 
         tool = self.tools.get(call.name)
         if tool is None:
@@ -294,10 +311,13 @@ class ToolSet:
         try:
             value = await tool(arguments)
         except ToolFailure as exc:
-            return result(f"Error: {tool.name}: {exc.message}", exc.kind)
+            return result(f"Error: {tool.name}: {exc.message}", exc.kind, metadata=exc.metadata)
         except (Exception, SystemExit) as exc:  # the tool's own failure, shown to the model
             return result(f"Error: {tool.name} raised {_describe(exc)}", "tool_error")
-        return result(to_content(value), call.issue, final=tool.final)
+        metadata = None
+        if isinstance(value, ToolOutput):
+            value, metadata = value.value, value.metadata
+        return result(to_content(value), call.issue, final=tool.final, metadata=metadata)
 
 
 def _describe(exc: BaseException) -> str:

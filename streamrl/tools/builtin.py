@@ -17,12 +17,15 @@ say what to pass, briefly.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from streamrl.tools.base import Tool, ToolFailure
+from streamrl.tools.base import Tool, ToolFailure, ToolOutput
 from streamrl.tools.calculator import calculate
 from streamrl.tools.registry import register_tool
 from streamrl.tools.search import search_tool
+
+log = logging.getLogger(__name__)
 
 
 @register_tool("calculator")
@@ -56,29 +59,74 @@ SANDBOX_GRACE_S = 5.0
 def python_tool(timeout_s: float = 10.0, max_chars: int = 2000, **sandbox_options: Any) -> Tool:
     """The ``python`` tool: runs the code in ``streamrl.sandbox.Sandbox``.
 
-    ``timeout_s`` is the program's limit in the sandbox; other options go to ``Sandbox``.
-    The observation is stdout (``"(no output)"`` when empty); a failed program is a
-    ``tool_error`` showing its exit code and the last ``max_chars`` of its output and
-    stderr, a program past its limit a ``timeout``. A sandbox is made per call; one is made
+    ``timeout_s`` is the program's limit in the sandbox; other options go to ``Sandbox``
+    (``isolation: weak`` is the explicit opt-in to rlimits only; ``cgroup: required``
+    makes a run without a cgroup an error). The observation is stdout (``"(no output)"``
+    when empty); a failed program is a ``tool_error`` showing its exit code and the last
+    ``max_chars`` of its output and stderr, a program past its limit a ``timeout``, a
+    sandbox that cannot start a ``sandbox_error``. Each result's metadata says how the
+    code was isolated (``sandbox_metadata``). A sandbox is made per call; one is made
     here first so that bad options fail when the tools are built.
     """
-    from streamrl.sandbox import Sandbox  # lazily: only episodes that run code need it
+    from streamrl.sandbox import Sandbox, SandboxError  # lazily: only episodes that run code
 
     try:
         Sandbox(timeout_s=timeout_s, **sandbox_options)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"tool 'python': bad options: {exc}") from None
 
-    async def python(code: str) -> str:
+    async def python(code: str) -> ToolOutput:
         """Run a Python program in a sandbox and return what it prints.
 
         Args:
             code: the program; print() the values you want to see
         """
-        result = await Sandbox(timeout_s=timeout_s, **sandbox_options).arun(code)
-        return sandbox_observation(result, timeout_s, max_chars)
+        try:
+            result = await Sandbox(timeout_s=timeout_s, **sandbox_options).arun(code)
+        except SandboxError as exc:
+            if str(exc) not in _LOGGED:
+                _LOGGED.add(str(exc))
+                log.warning("python tool: the sandbox could not start: %s", exc)
+            message = f"the sandbox could not run the program: {exc}"
+            raise ToolFailure("sandbox_error", message) from None
+        metadata = sandbox_metadata(result)
+        try:
+            return ToolOutput(sandbox_observation(result, timeout_s, max_chars), metadata)
+        except ToolFailure as failure:
+            failure.metadata = metadata
+            raise
 
     return Tool(python, timeout_s=timeout_s + SANDBOX_GRACE_S)
+
+
+_LOGGED: set[str] = set()  # sandbox errors already logged (each is also counted)
+_LIMIT_NAMES = {"memory": "the memory limit", "cpu_time": "the CPU time limit"}
+
+
+def sandbox_metadata(result: Any) -> dict[str, Any]:
+    """How a ``SandboxResult``'s code was isolated, for ``ToolResult.metadata``: the
+    level (``strong: bwrap+seccomp+cgroup-v1``), the details, and counters for the
+    episode's metrics (``sandbox/calls``, ``sandbox/weak_calls``,
+    ``sandbox/no_cgroup_calls``).
+
+    >>> from types import SimpleNamespace as R
+    >>> m = sandbox_metadata(R(isolation="weak", mechanism="rlimits", seccomp=False,
+    ...                        cgroup=None, level="weak: rlimits+no-cgroup"))
+    >>> m["isolation"], m["metrics"]
+    ('weak: rlimits+no-cgroup', {'sandbox/calls': 1.0, 'sandbox/weak_calls': 1.0, \
+'sandbox/no_cgroup_calls': 1.0})
+    """
+    keys = ("isolation", "mechanism", "seccomp", "cgroup", "enforced", "notes", "usage", "limit")
+    details = {k: getattr(result, k) for k in keys if hasattr(result, k)}
+    return {
+        "isolation": getattr(result, "level", getattr(result, "isolation", "unknown")),
+        "sandbox": details,
+        "metrics": {
+            "sandbox/calls": 1.0,
+            "sandbox/weak_calls": float(getattr(result, "isolation", "") != "strong"),
+            "sandbox/no_cgroup_calls": float(getattr(result, "cgroup", None) is None),
+        },
+    }
 
 
 def sandbox_observation(result: Any, timeout_s: float, max_chars: int = 2000) -> str:
@@ -104,7 +152,8 @@ def sandbox_observation(result: Any, timeout_s: float, max_chars: int = 2000) ->
     if result.status == "timeout":
         raise ToolFailure("timeout", f"the program ran past {timeout_s:g}s{note}{shown}")
     if result.status == "killed":
-        raise ToolFailure("tool_error", f"the program was killed (a resource limit){note}{shown}")
+        limit = _LIMIT_NAMES.get(getattr(result, "limit", None) or "", "a resource limit")
+        raise ToolFailure("tool_error", f"the program was killed ({limit}){note}{shown}")
     code = getattr(result, "exit_code", None)
     raise ToolFailure("tool_error", f"the program failed (exit code {code}){note}{shown}")
 
