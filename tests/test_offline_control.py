@@ -228,7 +228,7 @@ def test_make_minari_mix_of_a_saved_policy_and_random(tmp_path):
     pend = gym.make("Pendulum-v1")
     build_policy("mlp", pend.observation_space, pend.action_space).save_pretrained(tmp_path / "q")
     with pytest.raises(ValueError, match="does not match CartPole-v1"):
-        make_minari("CartPole-v1", [PolicySpec(str(tmp_path / "q"))], 1, dataset_id="x/y-v0")
+        make_minari("CartPole-v1", [PolicySpec(str(tmp_path / "q"))], 1, dataset_id="xx/yy-v0")
 
 
 def test_a_missing_dataset_names_the_path_and_the_command(tmp_path):

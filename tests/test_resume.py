@@ -24,7 +24,7 @@ from streamrl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from streamrl.config import ConfigError
+from streamrl.config import ConfigError, load_config, save_config
 from streamrl.launch import resume_config
 from streamrl.stream import Group, SampleStream
 
@@ -81,7 +81,7 @@ def test_restored_stream_continues_the_books_and_never_over_admits() -> None:
 
 
 def test_resume_refuses_keys_that_would_break_the_run(tmp_path: Path) -> None:
-    (tmp_path / "config.yaml").write_text("train:\n  steps: 10\n")
+    save_config(load_config(None, ["train.steps=10"]), tmp_path / "config.yaml")
     assert resume_config(tmp_path, ["runtime.backend=process"]).runtime.backend == "process"
     with pytest.raises(ConfigError, match=r"train.lr cannot change on resume"):
         resume_config(tmp_path, ["train.lr=0.5"])
