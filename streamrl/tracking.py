@@ -220,20 +220,25 @@ class MetricsLogger:
     def close(self) -> None:
         """Close every file, TensorBoard writer and sink, even if one fails (then the
         first failure is raised)."""
-        closers = [self._file.close]
-        for file, tb in self._aux.values():
-            closers += [file.close, *([tb.close] if tb is not None else [])]
-        if self._tb is not None:
-            closers.append(self._tb.close)
-        closers += [sink.close for sink in self.sinks]
-        errors = []
-        for close in closers:
-            try:
-                close()
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        files = [self._file, *(file for file, _ in self._aux.values())]
+        writers = [tb for tb in (self._tb, *(tb for _, tb in self._aux.values())) if tb]
+        close_all([*(f.close for f in files), *(w.close for w in writers), *self.sinks])
+
+
+def close_all(closers: Sequence[Any]) -> None:
+    """Call every ``close`` (a callable, or an object with ``close``), even if one fails;
+    then raise the first failure (a file's names it)."""
+    errors = []
+    for close in closers:
+        try:
+            (close if callable(close) else close.close)()
+        except OSError as e:
+            name = getattr(getattr(close, "__self__", None), "name", None)
+            errors.append(WriteError(f"cannot write {name}: {reason(e)}") if name else e)
+        except Exception as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
 
 
 class _RunLogHandler(logging.FileHandler):
@@ -323,7 +328,8 @@ class RunDirectory:
                 "argv": os.environ.get("STREAMRL_ARGV", ""),
             },
         )
-        (path / "ledger.jsonl").unlink(missing_ok=True)
+        for stale in ("ledger.jsonl", "summary.json"):  # a run started over in its directory
+            (path / stale).unlink(missing_ok=True)
         log = setup_run_log(path)
         sinks = build_sinks(cfg, path)  # W&B / MLflow when run.wandb / run.mlflow
         return cls(path, log, MetricsLogger(path, tensorboard=cfg.run.tensorboard, sinks=sinks))
@@ -368,16 +374,11 @@ class RunDirectory:
         """Close the logs and sinks and write ``summary.json`` (``status``: completed,
         interrupted or failed), atomically; it is written even if a close fails (that
         failure is raised after it)."""
-        errors = []
-        for close in (self._ledger.close, self.metrics.close):
-            try:
-                close()
-            except Exception as e:
-                errors.append(e)
-        write_json(self.path / "summary.json", {**summary, "status": status})
-        self.log.info("run %s: %s", status, self.path)
-        if errors:
-            raise errors[0]
+        try:
+            close_all([self._ledger.close, self.metrics.close])
+        finally:
+            write_json(self.path / "summary.json", {**summary, "status": status})
+            self.log.info("run %s: %s", status, self.path)
 
 
 def default_run_name(seed: int) -> str:
