@@ -489,8 +489,9 @@ def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, advantage):
     full = Path(train(cfg).summary["run_dir"])
     part = tmp_path / "b"
     shutil.copytree(full, part)
-    shutil.rmtree(part / "model")
-    shutil.rmtree(part / "checkpoints" / "rl-000008", ignore_errors=True)
+    shutil.rmtree(part / "model")  # as if killed after step 4: no final state, no summary
+    shutil.rmtree(part / "checkpoints" / "done-000008")
+    (part / "summary.json").unlink()
     (part / "checkpoints" / "latest").write_text("rl-000004")
     train(resume_config(part, []), resume_dir=part)
     resumed = f"resuming from checkpoint {part / 'checkpoints' / 'rl-000004'}"
