@@ -558,3 +558,25 @@ def test_a_full_disk_during_a_checkpoint_one_line_nothing_left_and_the_run_resum
     assert main(["train", "--resume", str(run_dir)]) == 0
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert "resuming from checkpoint" in (run_dir / "run.log").read_text()
+
+
+def test_a_damaged_metrics_row_stops_the_resume_with_one_line_and_changes_nothing(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    from streamrl.cli import main
+
+    run_dir = _copy(finished, tmp_path / "run")
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints" / "done-000006")
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows[2] = json.dumps({k: v for k, v in json.loads(rows[2]).items() if k != "step"})
+    (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]  # and a note on `latest`
+    assert line == f"error: {run_dir / 'metrics.jsonl'}:3: no 'step' field" and "Trace" not in err
+    assert {k: v for k, v in _snapshot(run_dir).items() if k != "run.log"} == {
+        k: v for k, v in before.items() if k != "run.log"
+    }

@@ -420,3 +420,13 @@ def test_a_pickle_that_is_not_a_checkpoint_part_is_refused(tmp_path: Path) -> No
     (root / "rl-000004" / "meta.json").write_text(json.dumps(_meta))
     ckpt, notes = find_checkpoint(tmp_path)
     assert ckpt.name == "rl-000002" and "holds a list" in notes[0]
+
+
+def test_eval_refuses_an_output_that_is_its_prompt_file(tmp_path: Path, capsys) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    argv = ["eval", str(tmp_path / "model"), "--split", str(prompts), "--out", str(prompts)]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--out" in line and "is the same file as --split" in line
+    assert prompts.read_text() == '{"prompt": "1+1=", "answer": "2"}\n'
