@@ -78,6 +78,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     os.environ["STREAMRL_ARGV"] = " ".join(sys.argv)
     with GracefulStop() as stop, Progress(cfg.run.progress) as progress:
         result = train(cfg, progress=progress, resume_dir=args.resume, stop=stop)
+    if result.already_completed:
+        print(f"{result.run_dir} is complete (summary.json: completed); nothing to resume")
+        return 0
     s = result.summary
     print(f"run directory: {result.run_dir}")
     times = f"(wall time {s['wall_time_s']:.0f}s, RL {s['rl_time_s']:.0f}s)"

@@ -345,8 +345,9 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(
         50,
         ge=0,
-        description="Write a checkpoint every N SFT and RL steps (0 = only at the end of SFT "
-        "and at a graceful stop); `streamrl train --resume RUN_DIR` continues from the latest.",
+        description="Write a checkpoint every N SFT and RL steps (0 = only at the end of SFT, "
+        "at a graceful stop and at the end of the run); `streamrl train --resume RUN_DIR` "
+        "continues from the newest readable one.",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (the newest).")
     stop_at_eval: float | None = Field(

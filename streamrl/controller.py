@@ -16,13 +16,15 @@ training alternate exactly (synchronous on-policy RL); with eta >= 1 generation 
 the next batches overlaps training.
 
 A run survives being killed: checkpoints every ``run.checkpoint_every`` steps, at
-the end of SFT and at a graceful stop (first SIGINT/SIGTERM) hold everything needed
-to continue, and ``run_training(..., resume=True)`` continues from the latest one,
-bit-exactly at eta = 0.
+the end of SFT, at a graceful stop (first SIGINT/SIGTERM) and at the end of the run
+hold everything needed to continue, and ``run_training(..., resume=True)`` continues
+from the newest readable one, bit-exactly at eta = 0; a completed run is left as it is.
+The run directory is locked (:mod:`streamrl.run_lock`) while a process trains it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import random
@@ -36,18 +38,12 @@ import numpy as np
 import torch
 
 from streamrl.algorithms import sft_loss
+from streamrl.atomic import replacing
 from streamrl.backends import RolloutPool, make_backend, plan_placement
 from streamrl.backends.placement import AutoPlacement, available_cpus
 from streamrl.backends.placement import apply as apply_placement
 from streamrl.backends.pool import START_TIMEOUT_S
-from streamrl.checkpoint import (
-    Checkpoint,
-    latest_checkpoint,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from streamrl.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from streamrl.config import Config
 from streamrl.data.selection import pool_selection
 from streamrl.engines.factory import is_policy, make_train_engine
@@ -56,13 +52,15 @@ from streamrl.episodes import build_episode
 from streamrl.eval.evaluate import EvalResult, evaluate_model
 from streamrl.models import load_model
 from streamrl.preflight import Inputs, preflight
+from streamrl.resume import Found, find_resume, open_run, refinish
+from streamrl.run_lock import run_lock
 from streamrl.sft import run_sft, sft_batches
 from streamrl.signals import GracefulStop, Interrupted
 from streamrl.stages import OFFLINE_STAGES, PRE_RL_STAGES, StageData, context_length
 from streamrl.step_metrics import StepMetrics
 from streamrl.stream import SampleStream
 from streamrl.timing import StageTimer
-from streamrl.tracking import RunDirectory
+from streamrl.tracking import RunDirectory, default_run_name, make_run_dir, note
 
 Progress = Callable[[str, int, int, dict], None]
 
@@ -72,6 +70,7 @@ class RunResult:
     run_dir: Path
     summary: dict
     trainer: TrainEngine | None  # None when the trainer ran in a Ray actor
+    already_completed: bool = False  # a resume found the run completed: nothing was done
 
 
 AUTO_TIMES = ("step", "wait_batch", "update")  # what runtime.placement=auto compares
@@ -151,38 +150,45 @@ def run_training(
     run_dir: Path | None = None,
     resume: bool = False,
     stop: GracefulStop | None = None,
+    lock: bool = True,
 ) -> RunResult:
     """Train ``cfg`` into a new run directory (``run_dir`` if given), or continue the run
-    in ``run_dir`` from its latest checkpoint (``resume=True``; none: start over there).
-    A run that fails after its directory exists leaves ``"status": "failed"``."""
+    in ``run_dir`` (``resume=True``: :mod:`streamrl.resume` says from where, or that it
+    is complete). The directory is locked throughout (``lock=False``: the caller holds
+    it, e.g. the Ray driver). A run that fails after its directory exists leaves
+    ``"status": "failed"``."""
     threads = torch.get_num_threads()  # restored at the end: a run leaves no global trace
     try:
-        return _run_training(cfg, progress, run_dir=run_dir, resume=resume, stop=stop)
+        with contextlib.ExitStack() as held:
+            if resume and run_dir is not None:
+                if lock:
+                    held.enter_context(run_lock(run_dir))
+                found = find_resume(run_dir)
+                if found.completed is not None or found.ended:
+                    summary = found.completed or refinish(cfg, found)
+                    done = found.completed is not None
+                    return RunResult(run_dir, summary, None, already_completed=done)
+                inputs = preflight(cfg, output_dir=False)  # before anything is written
+            else:
+                inputs = preflight(cfg, output_dir=True)  # before anything is written
+                name = cfg.run.name or default_run_name(cfg.seed)
+                run_dir = run_dir or make_run_dir(cfg.run.output_dir, name)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                if lock:
+                    held.enter_context(run_lock(run_dir))
+                found = Found(run_dir)
+            return _run_training(cfg, inputs, progress, found, stop)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run_training(
-    cfg: Config,
-    progress: Progress | None,
-    *,
-    run_dir: Path | None,
-    resume: bool,
-    stop: GracefulStop | None,
+    cfg: Config, inputs: Inputs, progress: Progress | None, found: Found, stop
 ) -> RunResult:
-    inputs = preflight(cfg, output_dir=not resume)  # before anything is written
-    found = latest_checkpoint(run_dir) if resume and run_dir is not None else None
-    ckpt = load_checkpoint(found) if found else None
-    if ckpt is None:
-        run = RunDirectory.create(cfg, run_dir)
-    else:
-        run = RunDirectory.reopen(
-            cfg, run_dir, keep_through(cfg, ckpt), ckpt.state["summary"]["wall_time_s"]
-        )
-        run.log.info("resuming from checkpoint %s", ckpt.path)
+    run = open_run(cfg, found)
     session = Session(cfg, inputs, run, progress, stop or GracefulStop())
     try:
-        return session.main(ckpt)
+        return session.main(found.ckpt)
     except Interrupted:
         raise
     except BaseException as e:
@@ -192,17 +198,8 @@ def _run_training(
             run.finish({**session.summary, "error": error}, status="failed")
         except OSError as disk:  # e.g. the disk is full: keep the original error
             run.log.error("could not write summary.json: %s", disk)
+            note(None, f"the run failed, and then: {disk}")
         raise
-
-
-def keep_through(cfg: Config, ckpt: Checkpoint) -> dict[str, int]:
-    """The metric rows a checkpoint covers (pre-RL stages log 0-based steps in their own
-    files, RL rows 0..step): stages before the checkpoint's are complete, later ones empty."""
-    if ckpt.stage == "rl":
-        return {"": ckpt.step, **{s: getattr(cfg, s).steps - 1 for s in PRE_RL_STAGES}}
-    at = PRE_RL_STAGES.index(ckpt.stage)
-    keep = {s: getattr(cfg, s).steps - 1 if k < at else -1 for k, s in enumerate(PRE_RL_STAGES)}
-    return {"": -1, **keep, ckpt.stage: ckpt.step - 1}
 
 
 class Session:
@@ -269,8 +266,10 @@ class Session:
         self.summary.update(steps=self.last_step, wall_time_s=self.elapsed())
         last_row.update(after)
         self.run.metrics.log(self.last_step, last_row)
-        if cfg.run.save_weights:
-            self.trainer.save(self.run.path / "model", tokenizer=self.tokenizer)
+        if cfg.run.save_weights:  # replaced whole, or not at all
+            with replacing(self.run.path / "model", directory=True) as model_dir:
+                self.trainer.save(model_dir, tokenizer=self.tokenizer)
+        self.checkpoint("done", self.last_step)  # the final state: a resume finds it done
         self.run.finish(self.summary)
         return RunResult(run_dir=self.run.path, summary=self.summary, trainer=self.trainer)
 

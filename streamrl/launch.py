@@ -4,22 +4,29 @@
 gives the config ``streamrl train --resume RUN_DIR`` continues with. With
 ``runtime.backend=ray`` the whole controller runs inside a trainer actor (with the
 cores the placement gives the trainer); if that actor dies, the driver starts a new
-one from the latest checkpoint, up to ``runtime.max_trainer_restarts`` times.
+one from the latest checkpoint, up to ``runtime.max_trainer_restarts`` times. The
+driver holds the run directory's lock for its actors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from streamrl.atomic import write_text
 from streamrl.backends import plan_placement
 from streamrl.config import Config, ConfigError, config_to_dict, load_config
 from streamrl.controller import Progress, RunResult, run_training
 from streamrl.eval.runs import flatten
 from streamrl.progress import Progress as ConsoleProgress
+from streamrl.resume import completed_summary
+from streamrl.run_lock import run_lock
 from streamrl.signals import GracefulStop, Interrupted
 from streamrl.tracking import default_run_name, make_run_dir
 
@@ -39,11 +46,39 @@ class TrainerFailed(RuntimeError):
     """The trainer died more often than ``runtime.max_trainer_restarts`` allows."""
 
 
+def check_saved_config(path: Path) -> None:
+    """A run's ``config.yaml`` is whole: text, YAML, a mapping with every top-level key a
+    saved config has (an empty or cut file would silently resume with defaults)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): damaged") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML ({problem}): damaged") from None
+    sections = list(Config.model_fields)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: empty or not a mapping of sections: damaged")
+    missing = [k for k in sections if k not in data]
+    if missing:
+        raise ConfigError(
+            f"{path}: no {missing[0]!r} at the top level ({len(missing)} of {len(sections)} "
+            "missing): not a whole saved config (cut short?)"
+        )
+
+
 def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
     """The run's own config, with overrides of the keys a resume may change."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    check_saved_config(path)
     original = flatten(config_to_dict(load_config(path)))
     cfg = load_config(path, overrides)
     changed = {
@@ -95,10 +130,16 @@ class _TrainerActor:
         self.stop.request(signum)
 
     def run(self, cfg: Config, run_dir: str, resume: bool) -> tuple[str, dict]:
-        (Path(run_dir) / "trainer.pid").write_text(str(os.getpid()))
-        # progress lines go to this actor's stderr, which Ray forwards to the driver
+        write_text(Path(run_dir) / "trainer.pid", str(os.getpid()))
+        # progress lines go to this actor's stderr, which Ray forwards to the driver;
+        # the driver holds the run directory's lock
         result = run_training(
-            cfg, ConsoleProgress(False), run_dir=Path(run_dir), resume=resume, stop=self.stop
+            cfg,
+            ConsoleProgress(False),
+            run_dir=Path(run_dir),
+            resume=resume,
+            stop=self.stop,
+            lock=False,
         )
         return str(result.run_dir), result.summary
 
@@ -114,19 +155,34 @@ def run_on_ray(
     """Run the controller in a Ray trainer actor, restarting it from the latest
     checkpoint when it dies. Returns the RunResult (no trainer object). ``slots``: the
     CPUs the trainer and rollout actors ask for, all of which a local instance offers."""
-    from streamrl.backends.pool import START_TIMEOUT_S
     from streamrl.backends.ray_actors import _ray, init_ray
     from streamrl.preflight import preflight
 
     ray: Any = _ray()
     resume = run_dir is not None
-    preflight(cfg, output_dir=not resume)  # fail here, not in an actor
-    init_ray(cfg.runtime.ray_address, min_cpus=slots)
-    cfg = cfg.model_copy(deep=True)
-    cfg.run.output_dir = str(Path(cfg.run.output_dir).resolve())  # the actor's cwd may differ
-    if run_dir is None:  # the driver names the directory, so a restart can find it
-        run_dir = make_run_dir(cfg.run.output_dir, cfg.run.name or default_run_name(cfg.seed))
-    run_dir = run_dir.resolve()
+    with contextlib.ExitStack() as held:
+        if run_dir is not None:
+            held.enter_context(run_lock(run_dir))
+            done = completed_summary(run_dir)
+            if done is not None:
+                return RunResult(run_dir, done, None, already_completed=True)
+        preflight(cfg, output_dir=not resume)  # fail here, not in an actor
+        init_ray(cfg.runtime.ray_address, min_cpus=slots)
+        cfg = cfg.model_copy(deep=True)
+        cfg.run.output_dir = str(Path(cfg.run.output_dir).resolve())  # the actor's cwd may differ
+        if run_dir is None:  # the driver names the directory, so a restart can find it
+            name = cfg.run.name or default_run_name(cfg.seed)
+            run_dir = make_run_dir(cfg.run.output_dir, name)
+            held.enter_context(run_lock(run_dir))
+        return _drive_actors(ray, cfg, trainer_cpus, run_dir.resolve(), resume, stop)
+
+
+def _drive_actors(
+    ray: Any, cfg: Config, trainer_cpus: float, run_dir: Path, resume: bool, stop: GracefulStop
+) -> RunResult:
+    """The trainer actor's loop: start one, forward a stop, restart it if it dies."""
+    from streamrl.backends.pool import START_TIMEOUT_S
+
     gpus = cfg.runtime.num_gpus
     cls = ray.remote(num_cpus=trainer_cpus, num_gpus=gpus, max_restarts=0, max_concurrency=2)(
         _TrainerActor

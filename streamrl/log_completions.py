@@ -11,18 +11,22 @@ as training), and writes one JSONL row per completion::
 which is what ``alol.path`` reads. With ``--preferences FILE`` it also writes, for every
 prompt whose samples got different rewards, one pair {prompt, chosen (a best-rewarded
 completion), rejected (a worst-rewarded one)}: what ``dpo.path`` reads. Completions
-whose reward raised or timed out are left out and counted.
+whose reward raised or timed out are left out and counted. An output that is the same
+file as an input or as the other output is refused before anything runs; both are
+written to temporary files and renamed into place only when both are complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrl.atomic import distinct_paths, replacing
 from streamrl.config import Config, load_config
 from streamrl.data import build_task_source
 from streamrl.engines.factory import make_inference_engine
@@ -100,11 +104,13 @@ def sample_completions(
     return LogResult(rows, pairs, failed)
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+def write_outputs(outputs: dict[str | Path, list[dict[str, Any]]]) -> None:
+    """Each file's JSONL rows, written to a temporary file next to it; they replace the
+    files only once all are written (a failure leaves every old file as it was)."""
+    with contextlib.ExitStack() as stack:
+        for path, rows in outputs.items():
+            tmp = stack.enter_context(replacing(path))
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def run_log_completions(
@@ -122,6 +128,9 @@ def run_log_completions(
     ``config`` for the task and reward) -> ``out`` (and ``preferences``)."""
     if n < 1 or prompts < 1:
         raise ValueError(f"--n and --prompts must be >= 1 (got {n} and {prompts})")
+    distinct_paths(
+        {"the target": target, "--config": config}, {"--out": out, "--preferences": preferences}
+    )
     path = Path(target)
     is_run = (path / "config.yaml").exists()
     cfg = load_config(config or (path / "config.yaml" if is_run else None), overrides)
@@ -136,7 +145,8 @@ def run_log_completions(
     source = build_task_source(cfg.data.kind, **cfg.data.options)
     items = list(itertools.islice(source.train_iter(cfg.seed + SEED_OFFSET), prompts))
     result = sample_completions(model, tokenizer, cfg, items, n)
-    _write_jsonl(Path(out), result.rows)
+    outputs = {out: result.rows}
     if preferences is not None:
-        _write_jsonl(Path(preferences), result.pairs)
+        outputs[preferences] = result.pairs
+    write_outputs(outputs)
     return result

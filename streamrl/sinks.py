@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from streamrl.atomic import write_text
+
 if TYPE_CHECKING:
     from streamrl.config import Config
 
@@ -79,7 +81,7 @@ class WandbSink:
         wandb = _require("wandb", "wandb")
         id_path = Path(run_dir) / "wandb_id"
         run_id = _stored_id(id_path, resume) or uuid.uuid4().hex[:12]
-        id_path.write_text(run_id + "\n")
+        write_text(id_path, run_id + "\n")
         self.run = wandb.init(
             project=project,
             name=name,
@@ -153,7 +155,7 @@ class MlflowSink:
             for i in range(0, len(params), 100):  # log_batch takes at most 100 params
                 self.client.log_batch(run_id, params=params[i : i + 100])
             self.client.log_dict(run_id, dict(config), "config.json")
-            id_path.write_text(run_id + "\n")
+            write_text(id_path, run_id + "\n")
         self.run_id = run_id
         self.logged_steps: dict[str, list[int]] = {}
 

@@ -2,6 +2,7 @@
 
 A run directory holds::
 
+    run.lock           held by the process that trains the run (one writer at a time)
     config.yaml        the resolved config
     environment.json   package versions, git commit, machine, seed
     metrics.jsonl      one JSON object per logged step
@@ -20,11 +21,15 @@ import logging
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from streamrl.atomic import WriteError, reason, replacing, write_text
+from streamrl.run_files import STEP_ROW, UnreadableFile, read_json, read_jsonl
 
 if TYPE_CHECKING:
     from streamrl.config import Config
@@ -99,33 +104,31 @@ def make_run_dir(output_dir: str, name: str) -> Path:
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+    """Replace ``path`` with ``data`` as JSON, atomically (:mod:`streamrl.atomic`)."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file ([] if it does not exist); a torn last line (a process
-    killed mid-write) is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+def kept_rows(path: Path, through_step: int) -> list[dict[str, Any]]:
+    """The rows of a step log (``metrics.jsonl``, ``ledger.jsonl``) with ``step <=
+    through_step``; a damaged row is an :class:`UnreadableFile` naming its line."""
+    return [r for r in read_jsonl(path, STEP_ROW) if r["step"] <= through_step]
 
 
 def truncate_jsonl(path: Path, through_step: int) -> int:
     """Keep the rows of ``path`` with ``step <= through_step``; returns the last kept step."""
-    rows = [r for r in read_jsonl(path) if int(r["step"]) <= through_step]
+    rows = kept_rows(path, through_step)
     if path.exists():
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(path)
-    return max((int(r["step"]) for r in rows), default=-1)
+        write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return max((r["step"] for r in rows), default=-1)
+
+
+def _append(file: Any, path: Path, line: str) -> None:
+    """Append one line to an open log and flush it; a failure names the file."""
+    try:
+        file.write(line)
+        file.flush()
+    except OSError as e:
+        raise WriteError(f"cannot append to {path}: {reason(e)}") from e
 
 
 class MetricsLogger:
@@ -172,8 +175,8 @@ class MetricsLogger:
             return -1
         if stage in self.keep_through:
             return truncate_jsonl(path, self.keep_through[stage])
-        rows = read_jsonl(path)
-        return max((int(r["step"]) for r in rows), default=-1)
+        rows = read_jsonl(path, STEP_ROW)
+        return max((r["step"] for r in rows), default=-1)
 
     def _writer(self, log_dir: Path, last_step: int) -> Any:
         if not self.tensorboard:
@@ -184,8 +187,7 @@ class MetricsLogger:
 
     def _write(self, file: Any, tb: Any, step: int, metrics: dict[str, float], prefix: str):
         row = {"step": step, "wall_time": time.time() - self._t0, **metrics}
-        file.write(json.dumps(row, default=float) + "\n")
-        file.flush()
+        _append(file, Path(file.name), json.dumps(row, default=float) + "\n")
         if tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)):
@@ -216,21 +218,45 @@ class MetricsLogger:
         self._aux_last[stage] = step
 
     def close(self) -> None:
-        for file, tb in self._aux.values():
-            file.close()
-            if tb is not None:
-                tb.close()
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-        errors = []
-        for sink in self.sinks:  # close every sink even if one fails
-            try:
-                sink.close()
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        """Close every file, TensorBoard writer and sink, even if one fails (then the
+        first failure is raised)."""
+        files = [self._file, *(file for file, _ in self._aux.values())]
+        writers = [tb for tb in (self._tb, *(tb for _, tb in self._aux.values())) if tb]
+        close_all([*(f.close for f in files), *(w.close for w in writers), *self.sinks])
+
+
+def close_all(closers: Sequence[Any]) -> None:
+    """Call every ``close`` (a callable, or an object with ``close``), even if one fails;
+    then raise the first failure (a file's names it)."""
+    errors = []
+    for close in closers:
+        try:
+            (close if callable(close) else close.close)()
+        except OSError as e:
+            name = getattr(getattr(close, "__self__", None), "name", None)
+            errors.append(WriteError(f"cannot write {name}: {reason(e)}") if name else e)
+        except Exception as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+class _RunLogHandler(logging.FileHandler):
+    """run.log; if it cannot be written (a full disk), one line on stderr, once, instead
+    of logging's traceback per record."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            err = sys.exc_info()[1]
+            print(
+                f"streamrl: cannot write {self.baseFilename} ({reason(err) if err else '?'}); "
+                "its later lines are lost",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def setup_run_log(run_dir: Path) -> logging.Logger:
@@ -238,10 +264,32 @@ def setup_run_log(run_dir: Path) -> logging.Logger:
     logger = logging.getLogger(f"streamrl.run.{run_dir}")
     logger.setLevel(logging.INFO)
     logger.propagate = False
-    handler = logging.FileHandler(run_dir / "run.log")
+    for old in list(logger.handlers):  # an earlier run of this directory in this process
+        logger.removeHandler(old)
+        old.close()
+    handler = _RunLogHandler(run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     return logger
+
+
+def note(run: RunDirectory | None, message: str) -> None:
+    """A line for the console (stderr) and, once the run is open, run.log."""
+    print(f"streamrl: {message}", file=sys.stderr, flush=True)
+    if run is not None:
+        run.log.warning("%s", message)
+
+
+def read_summary(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary.json's contents, None), or (None, why it cannot be read); (None, None) if
+    there is none."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return None, None
+    try:
+        return read_json(path, {"status": str}), None
+    except UnreadableFile as e:
+        return None, str(e)
 
 
 class RunDirectory:
@@ -268,7 +316,8 @@ class RunDirectory:
             name = cfg.run.name or default_run_name(cfg.seed)
             path = make_run_dir(cfg.run.output_dir, name)
         path.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, path / "config.yaml")
+        with replacing(path / "config.yaml") as tmp:
+            save_config(cfg, tmp)
         write_json(
             path / "environment.json",
             {
@@ -279,7 +328,8 @@ class RunDirectory:
                 "argv": os.environ.get("STREAMRL_ARGV", ""),
             },
         )
-        (path / "ledger.jsonl").unlink(missing_ok=True)
+        for stale in ("ledger.jsonl", "summary.json"):  # a run started over in its directory
+            (path / stale).unlink(missing_ok=True)
         log = setup_run_log(path)
         sinks = build_sinks(cfg, path)  # W&B / MLflow when run.wandb / run.mlflow
         return cls(path, log, MetricsLogger(path, tensorboard=cfg.run.tensorboard, sinks=sinks))
@@ -288,9 +338,13 @@ class RunDirectory:
     def reopen(
         cls, cfg: Config, path: Path, keep_through: dict[str, int], time_offset: float
     ) -> RunDirectory:
-        """An existing run continued from a checkpoint: rows past it are dropped."""
+        """An existing run continued from a checkpoint: rows past it are dropped. Every
+        log is read (a damaged row is one error naming its line) before any is changed."""
         from streamrl.sinks import build_sinks
 
+        logs = {"": "metrics.jsonl", **{s: f"{s}_metrics.jsonl" for s in keep_through if s}}
+        for stage, name in logs.items():
+            kept_rows(path / name, keep_through.get(stage, -1))
         truncate_jsonl(path / "ledger.jsonl", keep_through.get("", -1))
         (path / "summary.json").unlink(missing_ok=True)
         log = setup_run_log(path)
@@ -309,20 +363,19 @@ class RunDirectory:
         if not entries:
             return
         row: dict[str, Any] = {"step": step, "consumed": []}
-        for index, outcome, reason in entries:
+        for index, outcome, why in entries:
             if outcome == "consumed":
                 row["consumed"].append(index)
             else:
-                row.setdefault(outcome, {}).setdefault(reason, []).append(index)
-        self._ledger.write(json.dumps(row) + "\n")
-        self._ledger.flush()
+                row.setdefault(outcome, {}).setdefault(why, []).append(index)
+        _append(self._ledger, self.path / "ledger.jsonl", json.dumps(row) + "\n")
 
     def finish(self, summary: dict[str, Any], status: str = "completed") -> None:
-        """Close the sinks and write ``summary.json`` (``status``: completed, interrupted
-        or failed)."""
-        self._ledger.close()
+        """Close the logs and sinks and write ``summary.json`` (``status``: completed,
+        interrupted or failed), atomically; it is written even if a close fails (that
+        failure is raised after it)."""
         try:
-            self.metrics.close()
+            close_all([self._ledger.close, self.metrics.close])
         finally:
             write_json(self.path / "summary.json", {**summary, "status": status})
             self.log.info("run %s: %s", status, self.path)

@@ -27,6 +27,9 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "streamrl.messages",
             "streamrl.timing",
             "streamrl.checkpoint",
+            "streamrl.atomic",
+            "streamrl.run_files",
+            "streamrl.run_lock",
             "streamrl.signals",
             "streamrl.sandbox",
             "streamrl.progress",
@@ -70,7 +73,16 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
             "streamrl.endpoint",
         ),
     ),
-    (4, ("streamrl.controller", "streamrl.launch", "streamrl.recipes", "streamrl.preflight")),
+    (
+        4,
+        (
+            "streamrl.controller",
+            "streamrl.resume",
+            "streamrl.launch",
+            "streamrl.recipes",
+            "streamrl.preflight",
+        ),
+    ),
     (5, ("streamrl.cli", "streamrl.sweep", "streamrl.eval")),  # the eval CLI and reports
 ]
 

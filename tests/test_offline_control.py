@@ -228,7 +228,7 @@ def test_make_minari_mix_of_a_saved_policy_and_random(tmp_path):
     pend = gym.make("Pendulum-v1")
     build_policy("mlp", pend.observation_space, pend.action_space).save_pretrained(tmp_path / "q")
     with pytest.raises(ValueError, match="does not match CartPole-v1"):
-        make_minari("CartPole-v1", [PolicySpec(str(tmp_path / "q"))], 1, dataset_id="x/y-v0")
+        make_minari("CartPole-v1", [PolicySpec(str(tmp_path / "q"))], 1, dataset_id="xx/yy-v0")
 
 
 def test_a_missing_dataset_names_the_path_and_the_command(tmp_path):
@@ -489,8 +489,9 @@ def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, advantage):
     full = Path(train(cfg).summary["run_dir"])
     part = tmp_path / "b"
     shutil.copytree(full, part)
-    shutil.rmtree(part / "model")
-    shutil.rmtree(part / "checkpoints" / "rl-000008", ignore_errors=True)
+    shutil.rmtree(part / "model")  # as if killed after step 4: no final state, no summary
+    shutil.rmtree(part / "checkpoints" / "done-000008")
+    (part / "summary.json").unlink()
     (part / "checkpoints" / "latest").write_text("rl-000004")
     train(resume_config(part, []), resume_dir=part)
     resumed = f"resuming from checkpoint {part / 'checkpoints' / 'rl-000004'}"

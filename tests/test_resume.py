@@ -7,6 +7,8 @@ import errno
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +26,7 @@ from streamrl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from streamrl.config import ConfigError
+from streamrl.config import ConfigError, load_config, save_config
 from streamrl.launch import resume_config
 from streamrl.stream import Group, SampleStream
 
@@ -81,7 +83,7 @@ def test_restored_stream_continues_the_books_and_never_over_admits() -> None:
 
 
 def test_resume_refuses_keys_that_would_break_the_run(tmp_path: Path) -> None:
-    (tmp_path / "config.yaml").write_text("train:\n  steps: 10\n")
+    save_config(load_config(None, ["train.steps=10"]), tmp_path / "config.yaml")
     assert resume_config(tmp_path, ["runtime.backend=process"]).runtime.backend == "process"
     with pytest.raises(ConfigError, match=r"train.lr cannot change on resume"):
         resume_config(tmp_path, ["train.lr=0.5"])
@@ -360,3 +362,221 @@ def test_a_kill_inside_sft_resumes_from_the_sft_checkpoint_bit_exactly(tmp_path:
     assert all(torch.equal(a[k], b[k]) for k in a)
     sft_rows = (run_dir / "sft_metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in sft_rows] == list(range(60))
+
+
+# ------------------------------------------------------------------ run directories
+
+
+def _snapshot(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file's bytes and time of change (but run.lock's, which names its holder)."""
+    return {
+        str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != "run.lock"
+    }
+
+
+def _no_temporaries(run_dir: Path) -> None:
+    assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name], list(run_dir.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """One completed run (SFT, then 6 RL steps at eta = 0, a checkpoint every 2)."""
+    from streamrl.cli import main
+
+    out = tmp_path_factory.mktemp("finished")
+    args = ("sft.steps=2", "train.steps=6", "rollout.max_new_tokens=8", "run.keep_checkpoints=9")
+    assert main(["train", *_args(out, "run", "stream.max_staleness=0", *args)]) == 0
+    return out / "run"
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to)
+    return to
+
+
+def test_a_completed_run_is_left_as_it_is_and_its_final_state_is_checkpointed(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    from streamrl.cli import main
+
+    names = sorted(p.name for p in (finished / "checkpoints").iterdir())
+    assert names == ["done-000006", "latest", "rl-000000", "rl-000002", "rl-000004", "sft-000002"]
+    final = load_checkpoint(finished / "checkpoints" / "done-000006")
+    weights = load_file(str(finished / "model" / "model.safetensors"))
+    assert all(torch.equal(final.trainer["model"][k], w) for k, w in weights.items())
+    assert final.trainer["optimizer"]["state"] and final.state["summary"]["stream/consumed"] == 24
+    run_dir = _copy(finished, tmp_path / "run")
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert "is complete (summary.json: completed); nothing to resume" in capsys.readouterr().out
+    assert _snapshot(run_dir) == before
+
+
+def test_a_run_killed_after_its_final_checkpoint_only_writes_its_summary(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    from streamrl.cli import main
+
+    run_dir = _copy(finished, tmp_path / "run")
+    (run_dir / "summary.json").unlink()
+    kept = {k: v for k, v in _snapshot(run_dir).items() if not k.startswith(("run.", "ledger"))}
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert "had ended (checkpoint done-000006): summary.json written" in capsys.readouterr().err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    original = json.loads((finished / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["eval_accuracy_after"] == original["eval_accuracy_after"]
+    now = _snapshot(run_dir)
+    assert all(now[k][0] == v[0] for k, v in kept.items())  # nothing trained or re-logged
+    assert (run_dir / "ledger.jsonl").read_text() == (finished / "ledger.jsonl").read_text()
+
+
+def test_no_latest_and_a_damaged_newest_checkpoint_resume_from_the_one_before_bit_exactly(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    """As a run killed after step 4: `latest` gone, rl-000004's weights random bytes. The
+    resume says so, continues from rl-000002 (SFT is not run again) and ends with the
+    uninterrupted run's weights, every step logged once and every item ended once."""
+    from streamrl.cli import main
+
+    run_dir = _copy(finished, tmp_path / "run")
+    for gone in ("summary.json", "checkpoints/latest"):
+        (run_dir / gone).unlink()
+    for gone in ("model", "checkpoints/done-000006"):
+        shutil.rmtree(run_dir / gone)
+    damaged = run_dir / "checkpoints" / "rl-000004" / "trainer.pt"
+    damaged.write_bytes(random.Random(0).randbytes(damaged.stat().st_size))
+    sft_rows = (run_dir / "sft_metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "checkpoints/latest is missing" in err and "Traceback" not in err
+    assert f"skipping rl-000004: checkpoint file {damaged} is unreadable" in err
+    assert "resuming from checkpoint" in (run_dir / "run.log").read_text()
+    a = load_file(str(finished / "model" / "model.safetensors"))
+    b = load_file(str(run_dir / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (run_dir / "sft_metrics.jsonl").read_text() == sft_rows
+    _check_books(run_dir, 6, 4, eta=0)
+    _no_temporaries(run_dir)
+
+
+def test_two_processes_on_one_run_directory_the_second_is_refused(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    from streamrl.cli import main
+
+    run_dir = _copy(finished, tmp_path / "run")
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints" / "done-000006")  # killed after step 4
+    first = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "train", "--resume", str(run_dir)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while (run_dir / "run.lock").read_text().strip() != str(first.pid):
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"is in use by another streamrl process (pid {first.pid})" in line, line
+    assert first.wait(240) == 0, first.stderr.read()
+    _check_books(run_dir, 6, 4, eta=0)
+
+
+def test_the_model_directory_cannot_be_written_one_line_and_the_checkpoints_stay(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from streamrl.cli import main
+    from streamrl.engines.train import TrainEngine
+
+    def half_then_full(self, path, tokenizer=None):
+        (Path(path) / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(TrainEngine, "save", half_then_full)
+    args = ("sft.steps=0", "train.steps=2", "rollout.max_new_tokens=4")
+    assert main(["train", *_args(tmp_path, "run", *args)]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[")]
+    assert line == f"error: cannot write {tmp_path / 'run' / 'model'}: No space left on device"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    assert not (tmp_path / "run" / "model").exists()
+    assert latest_checkpoint(tmp_path / "run").name == "rl-000000"  # no "done"
+    _no_temporaries(tmp_path / "run")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 4 MiB tmpfs (root only; skipped where mounting is not permitted)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()[:200]}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_checkpoint_one_line_nothing_left_and_the_run_resumes(
+    small_disk: Path, capsys
+) -> None:
+    """A real full disk: a checkpoint (two fit, three do not) fails with one line; its
+    temporary files are gone, the last good checkpoint is intact, summary.json says
+    failed and why; with room again, the run resumes from that checkpoint and completes."""
+    from streamrl.cli import main
+
+    args = ("sft.steps=0", "train.steps=8", "run.keep_checkpoints=1", "rollout.max_new_tokens=8")
+    assert main(["train", *_args(small_disk, "run", *args)]) == 2
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if not x.startswith("[")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.match(
+        r"error: checkpoint rl-0000\d\d could not be written to .* \(No space left on device\); "
+        r"the last good checkpoint (rl-0000\d\d) is intact",
+        lines[0],
+    ), lines[0]
+    run_dir = small_disk / "run"
+    intact = re.search(r"the last good checkpoint (\S+) is intact", lines[0])[1]
+    assert latest_checkpoint(run_dir).name == intact
+    load_checkpoint(run_dir / "checkpoints" / intact)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    _no_temporaries(run_dir)
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert "resuming from checkpoint" in (run_dir / "run.log").read_text()
+
+
+def test_a_damaged_metrics_row_stops_the_resume_with_one_line_and_changes_nothing(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    from streamrl.cli import main
+
+    run_dir = _copy(finished, tmp_path / "run")
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints" / "done-000006")
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows[2] = json.dumps({k: v for k, v in json.loads(rows[2]).items() if k != "step"})
+    (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]  # and a note on `latest`
+    assert line == f"error: {run_dir / 'metrics.jsonl'}:3: no 'step' field" and "Trace" not in err
+    assert {k: v for k, v in _snapshot(run_dir).items() if k != "run.log"} == {
+        k: v for k, v in before.items() if k != "run.log"
+    }

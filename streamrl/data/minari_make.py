@@ -15,15 +15,22 @@ Episodes are recorded step by step into Minari's ``EpisodeBuffer`` and written w
 ``minari.create_dataset_from_buffers`` (the format Minari's ``DataCollector`` writes;
 the DataCollector itself needs jax to append steps, which this path does not), in
 Minari's Arrow format, under ``$MINARI_DATASETS_PATH`` (default ~/.minari/datasets).
+Every argument (the dataset id, the environment, each policy) is checked before
+anything is played or written; the dataset is built in a hidden directory next to its
+place and swapped in whole (``--overwrite``: the old one is removed only once the new
+one is in place), so a failure at any point leaves an existing dataset as it was.
 Episode k of a dataset made with ``--seed s`` starts from ``reset(seed=100_000 (s + 1)
 + k)``, disjoint from the evaluation episodes' seeds (10_000 + i).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrl.atomic import TMP_PREFIX, WriteError, fsync_tree, reason, remove, swap_directories
 from streamrl.data.gym_source import make_env
 from streamrl.data.minari_source import datasets_root
 
@@ -167,20 +175,21 @@ def make_minari(
         raise ValueError(f"--episodes must be >= 1, got {episodes}")
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"--epsilon must be in [0, 1], got {epsilon}")
+    if env_options is not None and not isinstance(env_options, dict):
+        raise ValueError(f"--env-options must be a JSON object, got {env_options!r}")
     dataset_id = dataset_id or _default_id(env_id, specs)
+    _check_dataset_id(dataset_id)
     path = datasets_root() / dataset_id
-    if path.exists():
-        if not overwrite:
-            raise FileExistsError(
-                f"dataset {dataset_id!r} already exists at {path}; pass --overwrite to replace it"
-            )
-        shutil.rmtree(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(
+            f"dataset {dataset_id!r} already exists at {path}; pass --overwrite to replace it"
+        )
     env = make_env(env_id, env_options)
     buffers: list[Any] = []
     per_policy: dict[str, float] = {}
     try:
-        for spec, n in zip(specs, split_episodes(episodes, specs), strict=True):
-            policy = load_actor(spec.source, env)
+        actors = [load_actor(spec.source, env) for spec in specs]  # every policy, first
+        for spec, policy, n in zip(specs, actors, split_episodes(episodes, specs), strict=True):
             returns = []
             for _ in range(n):
                 k = len(buffers)
@@ -194,17 +203,78 @@ def make_minari(
     described = ", ".join(f"{s.source} ({s.fraction:.0%})" for s in specs)
     if epsilon > 0:
         described += f", {epsilon:.0%} random actions"
-    with warnings.catch_warnings():  # no permalink or e-mail: a locally made dataset
-        warnings.simplefilter("ignore", UserWarning)
-        dataset = _create(dataset_id, buffers, env_id, env_options, env, described, greedy, seed)
+    with _staging(datasets_root()) as staging:
+        with warnings.catch_warnings():  # no permalink or e-mail: a locally made dataset
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = _create(
+                dataset_id, buffers, env_id, env_options, env, described, greedy, seed
+            )
+        totals = dataset.total_episodes, dataset.total_steps
+        del dataset  # it reads from the staging directory
+        _install(staging, dataset_id)
     summary = {
         "dataset_id": dataset_id,
         "path": str(path),
-        "episodes": dataset.total_episodes,
-        "steps": dataset.total_steps,
+        "episodes": totals[0],
+        "steps": totals[1],
         "return_mean_by_policy": per_policy,
     }
     return dataset_id, summary
+
+
+def _check_dataset_id(dataset_id: str) -> None:
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError):  # TypeError: Minari's parser, given no version
+        raise ValueError(
+            f"--dataset-id {dataset_id!r}: expected (namespace/)name-v<version>, e.g. "
+            "cartpole/expert-v0"
+        ) from None
+    if any(part.startswith(".") for part in Path(dataset_id).parts):
+        raise ValueError(f"--dataset-id {dataset_id!r}: no part may start with '.'")
+
+
+@contextlib.contextmanager
+def _staging(root: Path) -> Iterator[Path]:
+    """A hidden Minari root next to ``root`` (so the finished dataset moves by rename),
+    set as ``$MINARI_DATASETS_PATH`` while Minari writes into it; always removed."""
+    staging = root / f"{TMP_PREFIX}make-minari-{os.getpid()}"
+    before = os.environ.get("MINARI_DATASETS_PATH")
+    try:
+        remove(staging)
+        staging.mkdir(parents=True)
+        os.environ["MINARI_DATASETS_PATH"] = str(staging)
+        yield staging
+    except WriteError:
+        raise
+    except OSError as e:
+        raise WriteError(f"cannot write the dataset under {root}: {reason(e)}") from e
+    finally:
+        if before is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = before
+        remove(staging)
+
+
+def _install(staging: Path, dataset_id: str) -> None:
+    """Move the dataset built under ``staging`` to its place, replacing an old one in one
+    step, and add the namespace metadata Minari keeps beside it where missing."""
+    root = staging.parent
+    built, final = staging / dataset_id, root / dataset_id
+    fsync_tree(built)
+    for meta in staging.rglob("namespace_metadata.json"):
+        target = root / meta.relative_to(staging)
+        if not target.exists() and built not in meta.parents:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(meta, target)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        swap_directories(built, final)  # the old dataset is now at `built`, then removed
+    else:
+        built.rename(final)
 
 
 def _create(

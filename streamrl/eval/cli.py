@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from streamrl.atomic import distinct_paths
 from streamrl.config import load_config
 from streamrl.data import build_task_source
 from streamrl.episodes import build_episode
@@ -23,6 +24,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
     target = Path(args.target)
     is_run = (target / "config.yaml").exists()
     config_path = args.config or (target / "config.yaml" if is_run else None)
+    out = Path(args.out) if args.out else (target / "eval.json" if is_run else Path("eval.json"))
+    split = None if args.split == "heldout" else args.split
+    distinct_paths({"--config": config_path, "--split": split}, {"--out": out})  # before work
     cfg = load_config(config_path, args.overrides)
     model_path = str(target / "model") if is_run else args.target
     if is_run and not (target / "model").exists():
@@ -58,7 +62,6 @@ def run_eval_command(args: argparse.Namespace) -> int:
         ks=tuple(args.k),
         seed=cfg.seed,
     )
-    out = Path(args.out) if args.out else (target / "eval.json" if is_run else Path("eval.json"))
     write_json(
         out,
         {

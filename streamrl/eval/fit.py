@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrl.atomic import write_text
 from streamrl.eval.plots import save_figure
 from streamrl.eval.runs import Run, RunError
 
@@ -356,7 +357,7 @@ def run_fit(
     if out_dir is not None and fits:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "fit.md").write_text(to_markdown(fits, key, compute))
+        write_text(out / "fit.md", to_markdown(fits, key, compute))
         plot_fits(fits, key, compute, out / "sigmoid_fit.png")
         print(f"wrote {out / 'fit.md'} and {out / 'sigmoid_fit.png'}", file=sys.stderr)
     if not fits:

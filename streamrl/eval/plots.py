@@ -14,6 +14,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from streamrl.atomic import replacing
+
 __all__ = ["Curve", "plot_intervals", "plot_learning_curves", "save_figure"]
 
 Interval = tuple[float, float, float]  # (point, lo, hi)
@@ -35,7 +37,8 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with replacing(path) as tmp:  # an old figure stays whole until the new one is
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return path
 
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamrl.atomic import write_text
 from streamrl.eval import plots
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def write_report(result: ComparisonResult, out_dir: str | Path) -> list[Path]:
     result.files.append(
         plots.plot_intervals(result.intervals, result.curve_key, out / "intervals.png")
     )
-    (out / "comparison.md").write_text(to_markdown(result))
+    write_text(out / "comparison.md", to_markdown(result))
     result.files.append(out / "comparison.md")
     return result.files
 
