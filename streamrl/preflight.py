@@ -8,8 +8,8 @@ behind, not after minutes of SFT in a half-written run directory.
 
 from __future__ import annotations
 
-import inspect
 import itertools
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,18 +17,22 @@ from pathlib import Path
 import torch
 
 from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
-from streamrl.config import Config
-from streamrl.data import TaskSource, build_task_source
+from streamrl.config import Config, source_of
+from streamrl.config_options import OptionsError, validate_options
+from streamrl.data import DATA_OPTIONS, TaskSource, make_task_source, task_source_options
 from streamrl.data.logged import load_completions, load_preferences
 from streamrl.data.selection import all_equal_probability
 from streamrl.engines.sampling import is_raw
 from streamrl.episodes import episode_kinds
-from streamrl.models.loading import check_model_source
-from streamrl.models.policies import POLICY_PRESETS
-from streamrl.rewards import CompositeReward, build_reward, get_reward, reward_names
+from streamrl.models.loading import check_model_source, load_tokenizer
+from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
+from streamrl.models.tokenizer import encode_prompt
+from streamrl.rewards import CompositeReward, build_reward, reward_names, reward_options
 from streamrl.types import Item
 
-ANSWER_SCAN = 1000  # items looked at for a reference answer before SFT
+ANSWER_SCAN = 1000  # training items looked at (answers, prompt lengths) before the run
+MODEL_OPTIONS = ("model", "options")
+console = logging.getLogger("streamrl.preflight")
 
 
 class PreflightError(ValueError):
@@ -46,24 +50,36 @@ class Inputs:
 
 
 def check_reward_options(cfg: Config) -> None:
-    probe = Item(id="probe", prompt="", answer="")
+    """Each component names a registered reward and gives it options of the types its
+    function declares (converted in place, so the run directory's config holds them)."""
     names = [c.name for c in cfg.reward.components]
+    raw = source_of(cfg).raw
     for i, c in enumerate(cfg.reward.components):
         key = f"reward.components[{i}]"
         if c.name not in reward_names():
             raise PreflightError(
                 f"{key}.name: unknown reward {c.name!r}; known: {', '.join(reward_names())}"
             )
-        try:
-            inspect.signature(get_reward(c.name)).bind("", probe, **c.options)
-        except TypeError as e:
-            raise PreflightError(
-                f"{key}.options: {c.name} does not accept {c.options}: {e}"
-            ) from None
+        where = ("reward", "components", str(i), "options")
+        c.options = reward_options(c.name, c.options, where, raw)
     if cfg.reward.correct_reward not in names:
         raise PreflightError(
             f"reward.correct_reward={cfg.reward.correct_reward!r} is not one of the "
             f"reward.components {names}"
+        )
+
+
+def check_model_options(cfg: Config) -> None:
+    """``model.options`` are a policy preset's (typed, in range), or absent."""
+    m = cfg.model
+    if m.name_or_path in POLICY_PRESETS:
+        m.options = validate_options(
+            PolicyOptions, m.options, MODEL_OPTIONS, raw=source_of(cfg).raw
+        )
+    elif m.options:
+        raise PreflightError(
+            f"{source_of(cfg).where(MODEL_OPTIONS)}: model.options apply to the environment "
+            f"policies ({', '.join(POLICY_PRESETS)}), not model.name_or_path={m.name_or_path!r}"
         )
 
 
@@ -240,7 +256,17 @@ def check_domains(cfg: Config, source: TaskSource) -> None:
             )
 
 
-def check_data(cfg: Config, source: TaskSource) -> list[Item]:
+def build_source(cfg: Config) -> TaskSource:
+    """The task source, its options checked against its signature first (converted in
+    place, so the run directory's config holds them)."""
+    kind = cfg.data.kind
+    cfg.data.options = task_source_options(kind, cfg.data.options, DATA_OPTIONS, source_of(cfg).raw)
+    return make_task_source(kind, cfg.data.options)
+
+
+def check_data(cfg: Config, source: TaskSource) -> tuple[list[Item], list[Item]]:
+    """The first training items (up to ANSWER_SCAN) and the held-out items, checked: some
+    exist, SFT has answers, and what episodes read from an item's metadata is valid."""
     first = list(itertools.islice(source.train_iter(cfg.seed), ANSWER_SCAN))
     if not first:
         raise PreflightError(f"data.kind={cfg.data.kind}: the task source yields no items")
@@ -256,7 +282,54 @@ def check_data(cfg: Config, source: TaskSource) -> list[Item]:
             f"data.kind={cfg.data.kind}: no held-out items to evaluate on (eval.heldout_size="
             f"{cfg.eval.heldout_size}); give data.options an eval file or a held-out fraction"
         )
-    return heldout
+    for item in (*first, *heldout):
+        budget = item.metadata.get("max_new_tokens")
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+        ):
+            raise PreflightError(
+                f"item {item.id!r}: metadata.max_new_tokens must be an integer >= 1 (its "
+                f"answer budget), got {budget!r}"
+            )
+    return first, heldout
+
+
+def check_prompt_lengths(cfg: Config, first: list[Item], heldout: list[Item]) -> None:
+    """Count the prompts (the first training items and the held-out ones) that leave no
+    room in the model's context for one generated token. During the run such an item is
+    filtered (``prompt_too_long``) or, in evaluation, counted incorrect; more than
+    ``data.max_too_long_fraction`` of either, or all of them, fails the run here."""
+    if cfg.endpoint.enabled or cfg.rollout.episode == "gym":
+        return
+    loaded = load_tokenizer(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
+    if loaded is None or loaded[1] is None:  # a policy, or a model that states no context
+        return
+    tokenizer, context = loaded
+    limit = cfg.data.max_too_long_fraction
+    for split, items in (("training", first), ("held-out", heldout)):
+        lengths = {}
+        for item in items:
+            try:
+                lengths[item.id] = n = len(encode_prompt(tokenizer, item))
+            except ValueError as e:  # e.g. chat messages for a tokenizer without a template
+                raise PreflightError(f"data.kind={cfg.data.kind}: {e}") from None
+            if n < context:
+                lengths.pop(item.id)
+        if not lengths:
+            continue
+        worst = max(lengths, key=lengths.__getitem__)
+        what = (
+            f"{len(lengths)} of the {len(items)} {split} prompts checked leave no room for a "
+            f"generated token in the context of model.name_or_path={cfg.model.name_or_path} "
+            f"({context} tokens; the longest, item {worst!r}, is {lengths[worst]})"
+        )
+        if len(lengths) == len(items) or len(lengths) > limit * len(items):
+            raise PreflightError(
+                f"{what}: shorten the prompts or use a model with a longer context "
+                f"(data.max_too_long_fraction={limit} of them may be left out)"
+            )
+        fate = "filtered (prompt_too_long)" if split == "training" else "counted incorrect"
+        console.warning("%s: they will be %s", what, fate)
 
 
 def check_selection(cfg: Config) -> None:
@@ -344,7 +417,20 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "
             f"known: {', '.join(episode_kinds())}"
         )
+    try:
+        return _checked_inputs(cfg, output_dir)
+    except OptionsError as e:  # the options of a source, reward or policy: with their lines
+        lines = e.lines(source_of(cfg).where)
+        raise PreflightError(
+            f"invalid options: {lines[0]}"
+            if len(lines) == 1
+            else "invalid options:\n  " + "\n  ".join(lines)
+        ) from None
+
+
+def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     check_reward_options(cfg)
+    check_model_options(cfg)
     try:
         algorithm = build_algorithm(cfg)
     except (KeyError, ValueError) as e:
@@ -360,11 +446,17 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
             raise PreflightError(
                 "runtime.backend=ray needs Ray: pip install 'streamrl[ray]'"
             ) from None
-    source = build_task_source(cfg.data.kind, **cfg.data.options)
-    heldout = check_data(cfg, source)
+    source = build_source(cfg)
+    first, heldout = check_data(cfg, source)
     check_domains(cfg, source)
     check_offline_stages(cfg)
     check_selection(cfg)
-    if output_dir:
-        check_output_dir(cfg.run.output_dir)
-    return Inputs(source, build_reward(cfg.reward), heldout, algorithm)
+    reward = build_reward(cfg.reward)  # (a reward's set-up checks its options' values)
+    try:
+        check_prompt_lengths(cfg, first, heldout)  # (loads the tokenizer: last)
+        if output_dir:
+            check_output_dir(cfg.run.output_dir)
+    except BaseException:
+        reward.close()
+        raise
+    return Inputs(source, reward, heldout, algorithm)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from streamrl.engines.base import InferenceEngine
-from streamrl.episodes.base import register_episode
+from streamrl.episodes.base import check_room, register_episode
 from streamrl.episodes.single_turn import item_params
 from streamrl.rewards import CompositeReward
 from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams, Trajectory
@@ -195,6 +195,8 @@ class AgentEpisode:
                 stratum=stratum,
             )
             res = await engine.agenerate(request)
+            if turn == 0:  # (a later turn that fills the context ends the episode)
+                check_room(item, request.prompt_ids, res)
             finish = res.finish_reason
             tokens.generated(res)
             budget -= len(res.token_ids)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from streamrl.engines.base import InferenceEngine
-from streamrl.episodes.base import register_episode
+from streamrl.episodes.base import check_room, register_episode
 from streamrl.models import encode_prompt
 from streamrl.rewards import CompositeReward
 from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams, Trajectory
@@ -64,6 +64,7 @@ class SingleTurnEpisode:
         prompt_ids = encode_prompt(self.tokenizer, item)
         request = GenerationRequest(prompt_ids, params, seed, stratum=stratum)
         result = await engine.agenerate(request)
+        check_room(item, prompt_ids, result)
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         scored = await self.reward.ascore(text, item)
         metadata = {
