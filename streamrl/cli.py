@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+from typing import Any
 
 from streamrl.config import ConfigError, load_config
 from streamrl.progress import Progress
@@ -38,6 +40,37 @@ def user_errors() -> tuple[type[BaseException], ...]:
         TrainerFailed,
         ImportError,  # an optional extra that is not installed
     )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})")
+    return value
+
+
+def finite_float(low: float = -math.inf, high: float = math.inf) -> Any:
+    """argparse type: a finite number in [low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            bounds = (
+                f" in [{low}, {high}]"
+                if math.isfinite(high)
+                else (f" >= {low}" if math.isfinite(low) else "")
+            )
+            raise argparse.ArgumentTypeError(f"expected a finite number{bounds} (got {text!r})")
+        return value
+
+    return parse
 
 
 def split_config_arg(args: argparse.Namespace) -> None:
@@ -242,9 +275,20 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="held-out accuracy, pass@k and avg@k of a run or model")
     e.add_argument("target", help="a run directory (uses its config and model/) or a model")
     e.add_argument("--config", help="config for the task/rewards (default: the run's)")
-    e.add_argument("--n", type=int, default=1, help="samples per item (pass@k needs n >= k)")
-    e.add_argument("--k", type=int, nargs="+", default=[1], help="k values for pass@k")
-    e.add_argument("--temperature", type=float, default=None, help="default: 0 if n=1 else 1")
+    e.add_argument(
+        "--n", type=positive_int, default=1, help="samples per item (pass@k needs n >= k)"
+    )
+    e.add_argument(
+        "--k",
+        type=positive_int,
+        nargs="+",
+        default=[1],
+        help="k values for pass@k; one larger than --n is reported and left out (an error "
+        "when none is left)",
+    )
+    e.add_argument(
+        "--temperature", type=finite_float(0.0), default=None, help="default: 0 if n=1 else 1"
+    )
     e.add_argument("--split", default="heldout", help="'heldout' (default) or a prompt file")
     e.add_argument("--out", help="JSON output path (default: RUN_DIR/eval.json or ./eval.json)")
     e.add_argument("overrides", nargs="*", help="dotted config overrides")
@@ -271,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     sw.add_argument("overrides", nargs="*", help="dotted overrides shared by every seed")
     sw.add_argument("--seeds", nargs="+", required=True, help="seeds to run, e.g. 0 1 2 3 4")
-    sw.add_argument("--parallel", type=int, default=1, help="run N seeds at a time as subprocesses")
+    sw.add_argument(
+        "--parallel", type=positive_int, default=1, help="run N seeds at a time as subprocesses"
+    )
     sw.set_defaults(func=cmd_sweep)
 
     pl = sub.add_parser("plot", help="PNG of a run's reward, eval accuracy and staleness")
@@ -290,13 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--mix", nargs="+", metavar="POLICY:FRACTION",
         help="several policies and their share of the episodes, e.g. runs/a:0.5 random:0.5",
     )  # fmt: skip
-    mm.add_argument("--episodes", type=int, required=True, help="episodes to record")
+    mm.add_argument("--episodes", type=positive_int, required=True, help="episodes to record")
     mm.add_argument("--dataset-id", help="Minari id (default: <env>/<random|policy|mixed>-v0)")
     mm.add_argument("--env-options", help="JSON keyword arguments of gymnasium.make")
     mm.add_argument("--seed", type=int, default=0, help="seeds the episodes' resets")
     mm.add_argument("--greedy", action="store_true", help="deterministic policy actions")
     mm.add_argument(
-        "--epsilon", type=float, default=0.0, help="probability of a random action per step"
+        "--epsilon",
+        type=finite_float(0.0, 1.0),
+        default=0.0,
+        help="probability of a random action per step",
     )
     mm.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     mm.set_defaults(func=cmd_make_minari)
@@ -307,10 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lc.add_argument("target", help="a run directory (its config and model/) or a model")
     lc.add_argument("--out", required=True, help="JSONL of {prompt, completion, reward} rows")
-    lc.add_argument("--n", type=int, default=4, help="completions per prompt")
-    lc.add_argument("--prompts", type=int, default=256, help="training prompts to log")
+    lc.add_argument("--n", type=positive_int, default=4, help="completions per prompt")
+    lc.add_argument("--prompts", type=positive_int, default=256, help="training prompts to log")
     lc.add_argument("--config", help="config for the task and reward (default: the run's)")
-    lc.add_argument("--temperature", type=float, help="default: rollout.temperature")
+    lc.add_argument("--temperature", type=finite_float(0.0), help="default: rollout.temperature")
     lc.add_argument("--preferences", help="also write {prompt, chosen, rejected} pairs here")
     lc.add_argument("overrides", nargs="*", help="dotted config overrides")
     lc.set_defaults(func=cmd_log_completions)
@@ -325,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     sbsub = sb.add_subparsers(dest="sandbox_command", required=True)
     sbr = sbsub.add_parser("run", help="run FILE.py in the sandbox, print one JSON result")
     sbr.add_argument("file", help="the Python program")
-    sbr.add_argument("--timeout", type=float, default=10.0, help="wall clock limit (s)")
+    sbr.add_argument(
+        "--timeout", type=finite_float(0.001), default=10.0, help="wall clock limit (s)"
+    )
     sbr.set_defaults(func=cmd_sandbox)
     return p
 

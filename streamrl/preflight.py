@@ -306,7 +306,8 @@ def check_prompt_lengths(cfg: Config, first: list[Item], heldout: list[Item]) ->
         return
     tokenizer, context = loaded
     limit = cfg.data.max_too_long_fraction
-    for split, items in (("training", first), ("held-out", heldout)):
+    for split, drawn in (("training", first), ("held-out", heldout)):
+        items = list({it.id: it for it in drawn}.values())  # (a small source repeats)
         lengths = {}
         for item in items:
             try:
