@@ -1,6 +1,6 @@
 """Command line: ``streamrl train | eval | compare | sweep | plot | config``.
 
-streamrl train [CONFIG.yaml] [key=value ...]
+streamrl train [CONFIG.yaml] [key=value ...] [--import MODULE ...]
 streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
 streamrl compare RUN_DIRS... --metric NAME [--out DIR]
 streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
@@ -13,6 +13,7 @@ streamrl data log-completions RUN_DIR_OR_MODEL --out FILE.jsonl [--n 4 --prompts
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ import sys
 from typing import Any
 
 from streamrl.config import ConfigError, load_config
+from streamrl.config_plugins import import_plugins
 from streamrl.progress import Progress
 
 
@@ -107,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         cfg = resume_config(args.resume, args.overrides)
     else:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, args.imports)
     os.environ["STREAMRL_ARGV"] = " ".join(sys.argv)
     with GracefulStop() as stop, Progress(cfg.run.progress) as progress:
         result = train(cfg, progress=progress, resume_dir=args.resume, stop=stop)
@@ -176,6 +178,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise ValueError(f"--seeds: {word!r} is not an integer seed (nor a key=value)")
     if not seeds:
         raise ValueError("--seeds: give at least one seed, e.g. --seeds 0 1 2")
+    if args.imports:  # every seed's config (and subprocess) imports them too
+        plugins = load_config(args.config, overrides, args.imports).plugins
+        overrides.append(f"plugins={json.dumps(plugins)}")
     return run_sweep(args.config, seeds, overrides, parallel=args.parallel)
 
 
@@ -229,7 +234,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(config_reference())
         return 0
     split_config_arg(args)
-    save_config(load_config(args.config, args.overrides), "/dev/stdout")
+    save_config(load_config(args.config, args.overrides, args.imports), "/dev/stdout")
     return 0
 
 
@@ -249,6 +254,18 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_import_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a Python module first (it registers task sources, rewards, ...); "
+        "repeatable; train, serve, sweep and config add it to the config's plugins",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamrl", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -261,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue RUN_DIR from its latest checkpoint, with its own config",
     )
+    add_import_option(t)
     t.set_defaults(func=cmd_train)
 
     sv = sub.add_parser(
@@ -270,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("config", nargs="?", help="YAML config (default: the main job's model)")
     sv.add_argument("overrides", nargs="*", help="dotted overrides, e.g. endpoint.port=8000")
     sv.add_argument("--resume", metavar="RUN_DIR", help="continue a served run")
+    add_import_option(sv)
     sv.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("eval", help="held-out accuracy, pass@k and avg@k of a run or model")
@@ -292,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="heldout", help="'heldout' (default) or a prompt file")
     e.add_argument("--out", help="JSON output path (default: RUN_DIR/eval.json or ./eval.json)")
     e.add_argument("overrides", nargs="*", help="dotted config overrides")
+    add_import_option(e)
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="statistically compare groups of runs (rliable, AdaStop)")
@@ -315,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     sw.add_argument("overrides", nargs="*", help="dotted overrides shared by every seed")
     sw.add_argument("--seeds", nargs="+", required=True, help="seeds to run, e.g. 0 1 2 3 4")
+    add_import_option(sw)
     sw.add_argument(
         "--parallel", type=positive_int, default=1, help="run N seeds at a time as subprocesses"
     )
@@ -362,12 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
     lc.add_argument("--temperature", type=finite_float(0.0), help="default: rollout.temperature")
     lc.add_argument("--preferences", help="also write {prompt, chosen, rejected} pairs here")
     lc.add_argument("overrides", nargs="*", help="dotted config overrides")
+    add_import_option(lc)
     lc.set_defaults(func=cmd_log_completions)
 
     cf = sub.add_parser("config", help="print the resolved config, or the reference of all keys")
     cf.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     cf.add_argument("overrides", nargs="*", help="dotted overrides")
     cf.add_argument("--reference", action="store_true", help="Markdown table of every key")
+    add_import_option(cf)
     cf.set_defaults(func=cmd_config)
 
     sb = sub.add_parser("sandbox", help="run model-written code as the python tool does")
@@ -393,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrl.signals import Interrupted
 
     try:
+        import_plugins(getattr(args, "imports", []), lambda i: "--import")
         return args.func(args)
     except Interrupted as e:
         print(f"streamrl: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 
 # sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
 from streamrl.config_options import check_path_component
+from streamrl.config_plugins import PluginError, check_module_name, import_plugins
 from streamrl.config_rollout import AgentConfig, RolloutConfig
 from streamrl.config_runtime import RuntimeConfig
 from streamrl.config_selection import SelectionConfig
@@ -362,6 +363,12 @@ class RunConfig(_Section):
 class Config(_Section):
     """The whole run. See each section for its fields."""
 
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported before the config is validated: they register "
+        "task sources, rewards, episodes, algorithms or tools (`streamrl train --import "
+        "MODULE` adds one; the current directory is searched first).",
+    )
     seed: int = Field(0, ge=0, description="Seed for init, data order and sampling.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -382,6 +389,11 @@ class Config(_Section):
     # checks that need the registries (reward, algorithm, episode names, the options of
     # task sources, models and rewards) run in preflight
     _source: ConfigSource = PrivateAttr(default_factory=ConfigSource)  # (not its value)
+
+    @field_validator("plugins")
+    @classmethod
+    def _module_names(cls, names: list[str]) -> list[str]:
+        return [check_module_name(name) for name in names]
 
 
 # ---------------------------------------------------------------- loading
@@ -434,9 +446,15 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any, origin: str) ->
     node[path[-1]] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    imports: list[str] | tuple[str, ...] = (),
+) -> Config:
     """Load a YAML config (or the defaults) and apply dotted overrides. A text field
-    takes the text the user typed (``run.name=off`` is "off", not YAML 1.1's false)."""
+    takes the text the user typed (``run.name=off`` is "off", not YAML 1.1's false).
+    The ``plugins`` modules, and ``imports`` (``--import``, added to ``plugins``), are
+    imported before the config is validated (:mod:`streamrl.config_plugins`)."""
     data: dict[str, Any] = {}
     source = ConfigSource()
     if path is not None:
@@ -461,12 +479,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         source.raw = {p: v for p, v in source.raw.items() if p[: len(at)] != at}
         source.raw.update(doc.raw)
         source.overridden.add(at)
+    _import_plugins(data, list(imports), source)
     try:
         cfg = Config.model_validate(keep_raw_strings(data, Config, source.raw))
     except ValidationError as e:
         raise ConfigError(_format_errors(e, source)) from None
     cfg._source = source
     return cfg
+
+
+def _import_plugins(data: dict[str, Any], imports: list[str], source: ConfigSource) -> None:
+    """Import the config's ``plugins`` and then ``imports``, which join the list."""
+    listed = data.get("plugins") or []
+    if not isinstance(listed, list):
+        return  # (validation names the wrong type)
+    names = list(dict.fromkeys([*listed, *imports]))
+    if imports:
+        data["plugins"] = names
+
+    def where(i: int) -> str:
+        return source.where(("plugins", str(i))) if i < len(listed) else "--import"
+
+    try:
+        import_plugins(names, where)
+    except PluginError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _format_errors(err: ValidationError, source: ConfigSource) -> str:
