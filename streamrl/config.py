@@ -511,7 +511,7 @@ def _format_errors(err: ValidationError, source: ConfigSource) -> str:
     for item in err.errors():
         loc = tuple(str(p) for p in item["loc"])
         key = ".".join(loc) or "<root>"
-        msg = item["msg"]
+        msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = f"renamed to {RENAMED_KEYS[key]}" if key in RENAMED_KEYS else "unknown key"
         value = item.get("input")

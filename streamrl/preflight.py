@@ -13,6 +13,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,6 +29,8 @@ from streamrl.models.loading import check_model_source, load_tokenizer
 from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rewards import CompositeReward, build_reward, reward_names, reward_options
+from streamrl.stages.alol import positive_advantages
+from streamrl.stages.base import encode_logged
 from streamrl.types import Item
 
 ANSWER_SCAN = 1000  # training items looked at (answers, prompt lengths) before the run
@@ -294,17 +297,16 @@ def check_data(cfg: Config, source: TaskSource) -> tuple[list[Item], list[Item]]
     return first, heldout
 
 
-def check_prompt_lengths(cfg: Config, first: list[Item], heldout: list[Item]) -> None:
+def check_prompt_lengths(
+    cfg: Config, first: list[Item], heldout: list[Item], lm: LanguageModel | None
+) -> None:
     """Count the prompts (the first training items and the held-out ones) that leave no
     room in the model's context for one generated token. During the run such an item is
     filtered (``prompt_too_long``) or, in evaluation, counted incorrect; more than
     ``data.max_too_long_fraction`` of either, or all of them, fails the run here."""
-    if cfg.endpoint.enabled or cfg.rollout.episode == "gym":
-        return
-    loaded = load_tokenizer(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
-    if loaded is None or loaded[1] is None:  # a policy, or a model that states no context
-        return
-    tokenizer, context = loaded
+    if cfg.endpoint.enabled or lm is None or lm.context is None:
+        return  # (external agents' prompts; a policy; a model that states no context)
+    tokenizer, context = lm.tokenizer, lm.context
     limit = cfg.data.max_too_long_fraction
     for split, drawn in (("training", first), ("held-out", heldout)):
         items = list({it.id: it for it in drawn}.values())  # (a small source repeats)
@@ -384,9 +386,10 @@ def check_selection(cfg: Config) -> None:
         )
 
 
-def check_offline_stages(cfg: Config) -> None:
+def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:
     """The DPO and A-LoL stages that are on have a readable, well-formed file (a bad row
-    is a DataError naming file, line and field), and DPO's pairs fit in micro-batches."""
+    is a DataError naming file, line and field) whose rows fit the model's context, A-LoL
+    has rows to train on, and DPO's pairs fit in micro-batches."""
     for name, load in (("dpo", load_preferences), ("alol", load_completions)):
         section = getattr(cfg, name)
         if section.steps == 0:
@@ -395,12 +398,40 @@ def check_offline_stages(cfg: Config) -> None:
             raise PreflightError(f"{name}.steps={section.steps} needs {name}.path (a JSONL file)")
         if not Path(section.path).is_file():
             raise PreflightError(f"{name}.path={section.path}: no such file")
-        load(section.path)
+        path, rows = str(section.path), load(section.path)
+        texts = (
+            [(r, "completion", r.completion) for r in rows]
+            if name == "alol"
+            else [(r, f, getattr(r, f)) for r in rows for f in ("chosen", "rejected")]
+        )
+        if lm is not None:  # (encoded as the stage encodes them)
+            for row, field, text in texts:
+                where = {"source": path, "line": row.line, "field": field}
+                encode_logged(lm.tokenizer, row.item, text, max_len=lm.context, **where)
+        if name == "alol":
+            positive_advantages(rows, cfg.alol.baseline, path)
     if cfg.dpo.steps > 0 and cfg.train.micro_batch_sequences % 2:
         raise PreflightError(
             f"dpo.steps={cfg.dpo.steps} needs an even train.micro_batch_sequences (got "
             f"{cfg.train.micro_batch_sequences}): a pair's chosen and rejected rows share one"
         )
+
+
+@dataclass
+class LanguageModel:
+    """The run's tokenizer and context length (prompt + generated tokens), loaded once."""
+
+    tokenizer: Any
+    context: int | None
+
+
+def language_model(cfg: Config) -> LanguageModel | None:
+    """The tokenizer and context of a language-model run (None for an environment
+    policy), without its weights."""
+    if cfg.rollout.episode == "gym":
+        return None
+    loaded = load_tokenizer(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
+    return None if loaded is None else LanguageModel(*loaded)
 
 
 def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
@@ -450,11 +481,12 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     source = build_source(cfg)
     first, heldout = check_data(cfg, source)
     check_domains(cfg, source)
-    check_offline_stages(cfg)
     check_selection(cfg)
+    lm = language_model(cfg)  # (its tokenizer, for the checks of lengths)
+    check_offline_stages(cfg, lm)
     reward = build_reward(cfg.reward)  # (a reward's set-up checks its options' values)
     try:
-        check_prompt_lengths(cfg, first, heldout)  # (loads the tokenizer: last)
+        check_prompt_lengths(cfg, first, heldout, lm)
         if output_dir:
             check_output_dir(cfg.run.output_dir)
     except BaseException:
