@@ -66,15 +66,16 @@ class _BoundedLoader(yaml.SafeLoader):
 
 def read_yaml(text: str, origin: str = "<yaml>", prefix: Path_ = ()) -> YamlDoc:
     """Parse ``text``; key paths in the maps start with ``prefix``."""
-    loader = _BoundedLoader(text, origin)
     try:
-        root = loader.get_single_node()
-        doc = _walk(root, origin, prefix)
-        doc.data = None if root is None else loader.construct_document(root)
+        loader = _BoundedLoader(text, origin)  # (its reader refuses control characters)
+        try:
+            root = loader.get_single_node()
+            doc = _walk(root, origin, prefix)
+            doc.data = None if root is None else loader.construct_document(root)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise YamlError(f"{origin}: invalid YAML: {e}") from None
-    finally:
-        loader.dispose()
     return doc
 
 
