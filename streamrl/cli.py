@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from streamrl.config import ConfigError, load_config
+from streamrl.config_options import check_path_component
 from streamrl.config_plugins import import_plugins
 from streamrl.progress import Progress
 
@@ -192,6 +193,11 @@ def cmd_make_minari(args: argparse.Namespace) -> int:
 
     if (args.policy is None) == (args.mix is None):
         raise ValueError("make-minari: give exactly one of --policy and --mix")
+    if args.dataset_id is not None:  # a directory under Minari's root, never elsewhere
+        try:
+            check_path_component(args.dataset_id, allow_slash=True)
+        except ValueError as e:
+            raise ValueError(f"--dataset-id {args.dataset_id!r}: {e}") from None
     specs = parse_mix(args.mix) if args.mix else [PolicySpec(args.policy)]
     env_options = json.loads(args.env_options) if args.env_options else None
     _, summary = make_minari(
