@@ -8,6 +8,7 @@ behind, not after minutes of SFT in a half-written run directory.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import tempfile
@@ -24,7 +25,7 @@ from streamrl.data import DATA_OPTIONS, TaskSource, make_task_source, task_sourc
 from streamrl.data.logged import load_completions, load_preferences
 from streamrl.data.selection import all_equal_probability
 from streamrl.engines.sampling import is_raw
-from streamrl.episodes import episode_kinds
+from streamrl.episodes import build_episode, episode_kinds
 from streamrl.models.loading import check_model_source, load_tokenizer
 from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
@@ -298,22 +299,24 @@ def check_data(cfg: Config, source: TaskSource) -> tuple[list[Item], list[Item]]
 
 
 def check_prompt_lengths(
-    cfg: Config, first: list[Item], heldout: list[Item], lm: LanguageModel | None
+    cfg: Config, first: list[Item], heldout: list[Item], lm: LanguageModel | None, episode: Any
 ) -> None:
     """Count the prompts (the first training items and the held-out ones) that leave no
-    room in the model's context for one generated token. During the run such an item is
-    filtered (``prompt_too_long``) or, in evaluation, counted incorrect; more than
+    room in the model's context for one generated token, as ``episode`` renders them (an
+    agent's system message and tool descriptions included). During the run such an item
+    is filtered (``prompt_too_long``) or, in evaluation, counted incorrect; more than
     ``data.max_too_long_fraction`` of either, or all of them, fails the run here."""
     if cfg.endpoint.enabled or lm is None or lm.context is None:
         return  # (external agents' prompts; a policy; a model that states no context)
-    tokenizer, context = lm.tokenizer, lm.context
+    context = lm.context
+    measure = getattr(episode, "prompt_ids", None) or functools.partial(encode_prompt, lm.tokenizer)
     limit = cfg.data.max_too_long_fraction
     for split, drawn in (("training", first), ("held-out", heldout)):
         items = list({it.id: it for it in drawn}.values())  # (a small source repeats)
         lengths = {}
         for item in items:
             try:
-                lengths[item.id] = n = len(encode_prompt(tokenizer, item))
+                lengths[item.id] = n = len(measure(item))
             except ValueError as e:  # e.g. chat messages for a tokenizer without a template
                 raise PreflightError(f"data.kind={cfg.data.kind}: {e}") from None
             if n < context:
@@ -486,7 +489,9 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     check_offline_stages(cfg, lm)
     reward = build_reward(cfg.reward)  # (a reward's set-up checks its options' values)
     try:
-        check_prompt_lengths(cfg, first, heldout, lm)
+        # the episode the run will build (an agent's tools and parser are checked here)
+        episode = build_episode(cfg, lm.tokenizer, reward) if lm is not None else None
+        check_prompt_lengths(cfg, first, heldout, lm, episode)
         if output_dir:
             check_output_dir(cfg.run.output_dir)
     except BaseException:

@@ -463,3 +463,46 @@ def test_prompts_too_long_are_counted_before_and_filtered_during_the_run(
     assert s["stream/consumed"] == 6
     # the long held-out prompt counts as an incorrect answer, its error recorded
     assert s["eval_accuracy_after"] <= 0.75
+
+
+def test_a_stream_of_prompts_too_long_stops_the_run(tmp_path: Path, capsys) -> None:
+    """Past the prompts preflight looks at, items whose prompt cannot fit are filtered in
+    a row: the run stops at algorithm.max_dropped_in_a_row instead of spinning."""
+    from streamrl.data import _KINDS, ArithmeticTaskSource, register_task_source
+
+    class ThenLong(ArithmeticTaskSource):
+        def train_iter(self, seed):
+            for i, item in enumerate(super().train_iter(seed)):
+                if i >= 4:
+                    item.prompt = "9" * 300 + item.prompt
+                yield item
+
+    register_task_source("then_long", ThenLong)
+    try:
+        out = tmp_path / "runs"
+        argv = [
+            "train",
+            "data.kind=then_long",
+            "data.max_too_long_fraction=1.0",
+            "model.name_or_path=tiny-small",
+            "sft.steps=0",
+            "eval.every=0",
+            "eval.samples=0",
+            "eval.heldout_size=2",
+            "train.steps=5",
+            "train.items_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=2",
+            "stream.max_staleness=0",
+            "algorithm.dynamic_sampling=false",
+            "algorithm.max_dropped_in_a_row=5",
+            "run.progress=false",
+            "run.tensorboard=false",
+            f"run.output_dir={out}",
+        ]
+        code, err = _run(argv, capsys)
+    finally:
+        del _KINDS["then_long"]
+    assert code == 2
+    assert "5 items in a row were filtered because their prompt leaves no room" in err
+    _check_written(out, "failed")

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 
 class Episode(Protocol):
+    """A language-model episode may also have ``prompt_ids(item) -> list[int]``, the
+    tokens of its first request: preflight measures prompts with it (else with
+    :func:`~streamrl.models.encode_prompt`) against the model's context."""
+
     async def __call__(
         self,
         engine: InferenceEngine,

@@ -51,6 +51,10 @@ class SingleTurnEpisode:
     sampling: SamplingParams
     reward: CompositeReward
 
+    def prompt_ids(self, item: Item) -> list[int]:
+        """The tokens the engine is asked to continue."""
+        return encode_prompt(self.tokenizer, item)
+
     async def __call__(
         self,
         engine: InferenceEngine,
@@ -61,7 +65,7 @@ class SingleTurnEpisode:
         stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
-        prompt_ids = encode_prompt(self.tokenizer, item)
+        prompt_ids = self.prompt_ids(item)
         request = GenerationRequest(prompt_ids, params, seed, stratum=stratum)
         result = await engine.agenerate(request)
         check_room(item, prompt_ids, result)
