@@ -158,6 +158,23 @@ def check_engine_weights(cfg: Config) -> None:
         )
 
 
+def check_lora(cfg: Config) -> None:
+    """``model.lora_rank > 0`` wraps a language model with peft's adapters."""
+    if cfg.model.lora_rank == 0:
+        return
+    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+        raise PreflightError(
+            f"model.lora_rank={cfg.model.lora_rank} applies to language models, not "
+            "environment policies"
+        )
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise PreflightError(
+            f"model.lora_rank={cfg.model.lora_rank} needs peft: pip install 'streamrl[lora]'"
+        ) from None
+
+
 def check_train_compile(cfg: Config) -> None:
     """train.compile compiles a language model's decoder layers."""
     if cfg.train.compile and (
@@ -444,6 +461,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_device(cfg.runtime.device)
     check_engine_weights(cfg)
     check_train_compile(cfg)
+    check_lora(cfg)
     check_engine_compile(cfg)
     check_vllm_engine(cfg)
     check_group_sampling(cfg)
