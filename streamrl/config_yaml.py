@@ -176,6 +176,8 @@ def restore_raw(value: Any, annotation: Any, raw: dict[Path_, str], path: Path_)
         return restore_raw(value, kinds[0], raw, path) if len(kinds) == 1 else value
     if origin is list and args and isinstance(value, list):
         return [restore_raw(v, args[0], raw, (*path, str(i))) for i, v in enumerate(value)]
+    if origin is list and args and takes_str(args[0]) and not isinstance(value, dict | str | None):
+        return raw.get(path, value)  # one text where a list of them goes (shown as typed)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return keep_raw_strings(value, annotation, raw, path)
     return value
