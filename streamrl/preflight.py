@@ -21,7 +21,13 @@ import torch
 from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
 from streamrl.config import Config, source_of
 from streamrl.config_options import OptionsError, validate_options
-from streamrl.data import DATA_OPTIONS, TaskSource, make_task_source, task_source_options
+from streamrl.data import (
+    DATA_OPTIONS,
+    TaskSource,
+    make_task_source,
+    task_source_kinds,
+    task_source_options,
+)
 from streamrl.data.logged import load_completions, load_preferences
 from streamrl.data.selection import all_equal_probability
 from streamrl.engines.sampling import is_raw
@@ -57,17 +63,19 @@ def check_reward_options(cfg: Config) -> None:
     """Each component names a registered reward and gives it options of the types its
     function declares (converted in place, so the run directory's config holds them)."""
     names = [c.name for c in cfg.reward.components]
-    raw = source_of(cfg).raw
+    src = source_of(cfg)
     for i, c in enumerate(cfg.reward.components):
         key = f"reward.components[{i}]"
         if c.name not in reward_names():
             raise PreflightError(
-                f"{key}.name: unknown reward {c.name!r}; known: {', '.join(reward_names())}"
+                f"{src.where(('reward', 'components', str(i), 'name'))}: {key}.name: unknown "
+                f"reward {c.name!r}; known: {', '.join(reward_names())}"
             )
         where = ("reward", "components", str(i), "options")
-        c.options = reward_options(c.name, c.options, where, raw)
+        c.options = reward_options(c.name, c.options, where, src.raw)
     if cfg.reward.correct_reward not in names:
         raise PreflightError(
+            f"{src.where(('reward', 'correct_reward'))}: "
             f"reward.correct_reward={cfg.reward.correct_reward!r} is not one of the "
             f"reward.components {names}"
         )
@@ -280,8 +288,13 @@ def check_domains(cfg: Config, source: TaskSource) -> None:
 def build_source(cfg: Config) -> TaskSource:
     """The task source, its options checked against its signature first (converted in
     place, so the run directory's config holds them)."""
-    kind = cfg.data.kind
-    cfg.data.options = task_source_options(kind, cfg.data.options, DATA_OPTIONS, source_of(cfg).raw)
+    kind, src = cfg.data.kind, source_of(cfg)
+    if kind not in task_source_kinds():
+        raise PreflightError(
+            f"{src.where(('data', 'kind'))}: data.kind: unknown task source kind {kind!r}; "
+            f"known: {', '.join(task_source_kinds())} (or a plugin's: see plugins)"
+        )
+    cfg.data.options = task_source_options(kind, cfg.data.options, DATA_OPTIONS, src.raw)
     return make_task_source(kind, cfg.data.options)
 
 
@@ -467,6 +480,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_group_sampling(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
+            f"{source_of(cfg).where(('rollout', 'episode'))}: "
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "
             f"known: {', '.join(episode_kinds())}"
         )
