@@ -161,7 +161,7 @@ def _wrong_type(annotation: typing.Any) -> str:
     if "dict" in text:
         return "[1, 2]"
     if "list" in text:
-        return "7"
+        return "{a: 1}"  # (a lone text where a list of texts goes is taken as one)
     if annotation is bool or "bool" in text:
         return "{a: 1}"
     if annotation is str or "Literal" in text or text == "str | None":
