@@ -1,6 +1,6 @@
 """Command line: ``streamrl train | eval | compare | sweep | plot | config``.
 
-streamrl train [CONFIG.yaml] [key=value ...]
+streamrl train [CONFIG.yaml] [key=value ...] [--import MODULE ...]
 streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
 streamrl compare RUN_DIRS... --metric NAME [--out DIR]
 streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
@@ -13,11 +13,16 @@ streamrl data log-completions RUN_DIR_OR_MODEL --out FILE.jsonl [--n 4 --prompts
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
 import sys
+from typing import Any
 
 from streamrl.config import ConfigError, load_config
+from streamrl.config_options import check_path_component
+from streamrl.config_plugins import import_plugins
 from streamrl.progress import Progress
 
 
@@ -38,6 +43,37 @@ def user_errors() -> tuple[type[BaseException], ...]:
         TrainerFailed,
         ImportError,  # an optional extra that is not installed
     )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})")
+    return value
+
+
+def finite_float(low: float = -math.inf, high: float = math.inf) -> Any:
+    """argparse type: a finite number in [low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            bounds = (
+                f" in [{low}, {high}]"
+                if math.isfinite(high)
+                else (f" >= {low}" if math.isfinite(low) else "")
+            )
+            raise argparse.ArgumentTypeError(f"expected a finite number{bounds} (got {text!r})")
+        return value
+
+    return parse
 
 
 def split_config_arg(args: argparse.Namespace) -> None:
@@ -74,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         cfg = resume_config(args.resume, args.overrides)
     else:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, args.imports)
     os.environ["STREAMRL_ARGV"] = " ".join(sys.argv)
     with GracefulStop() as stop, Progress(cfg.run.progress) as progress:
         result = train(cfg, progress=progress, resume_dir=args.resume, stop=stop)
@@ -146,6 +182,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise ValueError(f"--seeds: {word!r} is not an integer seed (nor a key=value)")
     if not seeds:
         raise ValueError("--seeds: give at least one seed, e.g. --seeds 0 1 2")
+    if args.imports:  # every seed's config (and subprocess) imports them too
+        plugins = load_config(args.config, overrides, args.imports).plugins
+        overrides.append(f"plugins={json.dumps(plugins)}")
     return run_sweep(args.config, seeds, overrides, parallel=args.parallel)
 
 
@@ -157,6 +196,11 @@ def cmd_make_minari(args: argparse.Namespace) -> int:
 
     if (args.policy is None) == (args.mix is None):
         raise ValueError("make-minari: give exactly one of --policy and --mix")
+    if args.dataset_id is not None:  # a directory under Minari's root, never elsewhere
+        try:
+            check_path_component(args.dataset_id, allow_slash=True)
+        except ValueError as e:
+            raise ValueError(f"--dataset-id {args.dataset_id!r}: {e}") from None
     specs = parse_mix(args.mix) if args.mix else [PolicySpec(args.policy)]
     env_options = json.loads(args.env_options) if args.env_options else None
     _, summary = make_minari(
@@ -199,7 +243,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(config_reference())
         return 0
     split_config_arg(args)
-    save_config(load_config(args.config, args.overrides), "/dev/stdout")
+    save_config(load_config(args.config, args.overrides, args.imports), "/dev/stdout")
     return 0
 
 
@@ -227,6 +271,18 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_import_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a Python module first (it registers task sources, rewards, ...); "
+        "repeatable; train, serve, sweep and config add it to the config's plugins",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamrl", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -239,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue RUN_DIR from its latest checkpoint, with its own config",
     )
+    add_import_option(t)
     t.set_defaults(func=cmd_train)
 
     sv = sub.add_parser(
@@ -248,17 +305,30 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("config", nargs="?", help="YAML config (default: the main job's model)")
     sv.add_argument("overrides", nargs="*", help="dotted overrides, e.g. endpoint.port=8000")
     sv.add_argument("--resume", metavar="RUN_DIR", help="continue a served run")
+    add_import_option(sv)
     sv.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("eval", help="held-out accuracy, pass@k and avg@k of a run or model")
     e.add_argument("target", help="a run directory (uses its config and model/) or a model")
     e.add_argument("--config", help="config for the task/rewards (default: the run's)")
-    e.add_argument("--n", type=int, default=1, help="samples per item (pass@k needs n >= k)")
-    e.add_argument("--k", type=int, nargs="+", default=[1], help="k values for pass@k")
-    e.add_argument("--temperature", type=float, default=None, help="default: 0 if n=1 else 1")
+    e.add_argument(
+        "--n", type=positive_int, default=1, help="samples per item (pass@k needs n >= k)"
+    )
+    e.add_argument(
+        "--k",
+        type=positive_int,
+        nargs="+",
+        default=[1],
+        help="k values for pass@k; one larger than --n is reported and left out (an error "
+        "when none is left)",
+    )
+    e.add_argument(
+        "--temperature", type=finite_float(0.0), default=None, help="default: 0 if n=1 else 1"
+    )
     e.add_argument("--split", default="heldout", help="'heldout' (default) or a prompt file")
     e.add_argument("--out", help="JSON output path (default: RUN_DIR/eval.json or ./eval.json)")
     e.add_argument("overrides", nargs="*", help="dotted config overrides")
+    add_import_option(e)
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="statistically compare groups of runs (rliable, AdaStop)")
@@ -282,7 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     sw.add_argument("overrides", nargs="*", help="dotted overrides shared by every seed")
     sw.add_argument("--seeds", nargs="+", required=True, help="seeds to run, e.g. 0 1 2 3 4")
-    sw.add_argument("--parallel", type=int, default=1, help="run N seeds at a time as subprocesses")
+    add_import_option(sw)
+    sw.add_argument(
+        "--parallel", type=positive_int, default=1, help="run N seeds at a time as subprocesses"
+    )
     sw.set_defaults(func=cmd_sweep)
 
     pl = sub.add_parser("plot", help="PNG of a run's reward, eval accuracy and staleness")
@@ -301,13 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--mix", nargs="+", metavar="POLICY:FRACTION",
         help="several policies and their share of the episodes, e.g. runs/a:0.5 random:0.5",
     )  # fmt: skip
-    mm.add_argument("--episodes", type=int, required=True, help="episodes to record")
+    mm.add_argument("--episodes", type=positive_int, required=True, help="episodes to record")
     mm.add_argument("--dataset-id", help="Minari id (default: <env>/<random|policy|mixed>-v0)")
     mm.add_argument("--env-options", help="JSON keyword arguments of gymnasium.make")
     mm.add_argument("--seed", type=int, default=0, help="seeds the episodes' resets")
     mm.add_argument("--greedy", action="store_true", help="deterministic policy actions")
     mm.add_argument(
-        "--epsilon", type=float, default=0.0, help="probability of a random action per step"
+        "--epsilon",
+        type=finite_float(0.0, 1.0),
+        default=0.0,
+        help="probability of a random action per step",
     )
     mm.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     mm.set_defaults(func=cmd_make_minari)
@@ -318,25 +394,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lc.add_argument("target", help="a run directory (its config and model/) or a model")
     lc.add_argument("--out", required=True, help="JSONL of {prompt, completion, reward} rows")
-    lc.add_argument("--n", type=int, default=4, help="completions per prompt")
-    lc.add_argument("--prompts", type=int, default=256, help="training prompts to log")
+    lc.add_argument("--n", type=positive_int, default=4, help="completions per prompt")
+    lc.add_argument("--prompts", type=positive_int, default=256, help="training prompts to log")
     lc.add_argument("--config", help="config for the task and reward (default: the run's)")
-    lc.add_argument("--temperature", type=float, help="default: rollout.temperature")
+    lc.add_argument("--temperature", type=finite_float(0.0), help="default: rollout.temperature")
     lc.add_argument("--preferences", help="also write {prompt, chosen, rejected} pairs here")
     lc.add_argument("overrides", nargs="*", help="dotted config overrides")
+    add_import_option(lc)
     lc.set_defaults(func=cmd_log_completions)
 
     cf = sub.add_parser("config", help="print the resolved config, or the reference of all keys")
     cf.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     cf.add_argument("overrides", nargs="*", help="dotted overrides")
     cf.add_argument("--reference", action="store_true", help="Markdown table of every key")
+    add_import_option(cf)
     cf.set_defaults(func=cmd_config)
 
     sb = sub.add_parser("sandbox", help="run model-written code as the python tool does")
     sbsub = sb.add_subparsers(dest="sandbox_command", required=True)
     sbr = sbsub.add_parser("run", help="run FILE.py in the sandbox, print one JSON result")
     sbr.add_argument("file", help="the Python program")
-    sbr.add_argument("--timeout", type=float, default=10.0, help="wall clock limit (s)")
+    sbr.add_argument(
+        "--timeout", type=finite_float(0.001), default=10.0, help="wall clock limit (s)"
+    )
     sbc = sbsub.add_parser("check", help="print the isolation this machine gives, as JSON")
     for parser in (sbr, sbc):
         parser.add_argument(
@@ -367,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrl.signals import Interrupted
 
     try:
+        import_plugins(getattr(args, "imports", []), lambda i: "--import")
         return args.func(args)
     except Interrupted as e:
         print(f"streamrl: {e}", file=sys.stderr)

@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 
 # sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
+from streamrl.config_options import check_path_component
+from streamrl.config_plugins import PluginError, check_module_name, import_plugins
 from streamrl.config_rollout import AgentConfig, RolloutConfig
 from streamrl.config_runtime import RuntimeConfig
 from streamrl.config_selection import SelectionConfig
 from streamrl.config_stages import ALoLConfig, DPOConfig, LRSchedule, SFTConfig, _Section
+from streamrl.config_yaml import ConfigSource, YamlDoc, YamlError, keep_raw_strings, read_yaml
 
 
 class ConfigError(ValueError):
@@ -66,7 +69,19 @@ class DataConfig(_Section):
     )
     options: dict[str, Any] = Field(
         default_factory=lambda: {"digits": 2, "operators": "+", "heldout_size": 500},
-        description="Options for the task source (see README: Task sources).",
+        description="Options for the task source (see README: Task sources), checked "
+        "against the types its signature declares before the run starts. File sources "
+        "(jsonl, parquet, datasets) take max_row_bytes: the most one row may take "
+        "(default 8 MiB; a larger row is an error naming its file and line).",
+    )
+    max_too_long_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Before the run, the first 1000 training prompts and the held-out "
+        "prompts are tokenized: one that leaves no room in the model's context for a "
+        "generated token is filtered during the run (prompt_too_long; in evaluation, "
+        "incorrect). More than this fraction of either, or all of them, fails the run.",
     )
 
 
@@ -363,10 +378,22 @@ class RunConfig(_Section):
         "(fixed wall-clock budget comparisons).",
     )
 
+    @field_validator("name")
+    @classmethod
+    def _one_directory(cls, value: str | None) -> str | None:
+        # it names a directory inside output_dir: never one elsewhere
+        return None if value is None else check_path_component(value)
+
 
 class Config(_Section):
     """The whole run. See each section for its fields."""
 
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported before the config is validated: they register "
+        "task sources, rewards, episodes, algorithms or tools (`streamrl train --import "
+        "MODULE` adds one; the current directory is searched first).",
+    )
     seed: int = Field(0, ge=0, description="Seed for init, data order and sampling.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -384,7 +411,14 @@ class Config(_Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-    # checks that need the registries (reward, algorithm, episode names) run in preflight
+    # checks that need the registries (reward, algorithm, episode names, the options of
+    # task sources, models and rewards) run in preflight
+    _source: ConfigSource = PrivateAttr(default_factory=ConfigSource)  # (not its value)
+
+    @field_validator("plugins")
+    @classmethod
+    def _module_names(cls, names: list[str]) -> list[str]:
+        return [check_module_name(name) for name in names]
 
 
 # ---------------------------------------------------------------- loading
@@ -399,49 +433,30 @@ RENAMED_KEYS = {
 }
 
 
-def _yaml_lines(text: str, origin: str = "<yaml>") -> dict[tuple[str, ...], int]:
-    """Map each key path in a YAML document to its 1-based line number.
-
-    A key given twice in one mapping is an error naming both lines (PyYAML would
-    silently keep the last value)."""
-    lines: dict[tuple[str, ...], int] = {}
-
-    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                p = (*path, str(key_node.value))
-                line = key_node.start_mark.line + 1
-                if p in lines:
-                    raise ConfigError(
-                        f"{origin}:{line}: {'.'.join(p)}: duplicate key "
-                        f"(first given at line {lines[p]})"
-                    )
-                lines[p] = line
-                walk(value_node, p)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, child in enumerate(node.value):
-                p = (*path, str(i))
-                lines[p] = child.start_mark.line + 1
-                walk(child, p)
-
-    root = yaml.compose(text)
-    if root is not None:
-        walk(root, ())
-    return lines
+def source_of(cfg: Config) -> ConfigSource:
+    """Where ``cfg``'s values came from (``<defaults>`` for a config built in code)."""
+    return cfg._source
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``'train.lr=1e-3'`` -> (['train', 'lr'], 0.001). Values are parsed as YAML."""
+    keys, doc = _read_override(text)
+    return keys, doc.data
+
+
+def _read_override(text: str) -> tuple[list[str], YamlDoc]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. train.steps=10")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: empty key")
+    keys = key.split(".")
+    if raw == "":
+        return keys, YamlDoc("")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: cannot parse value: {e}") from None
-    return key.split("."), value
+        return keys, read_yaml(raw, f"override {key}", tuple(keys))
+    except YamlError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _set_path(data: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
@@ -456,65 +471,81 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any, origin: str) ->
     node[path[-1]] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (or the defaults) and apply dotted overrides."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    imports: list[str] | tuple[str, ...] = (),
+) -> Config:
+    """Load a YAML config (or the defaults) and apply dotted overrides. A text field
+    takes the text the user typed (``run.name=off`` is "off", not YAML 1.1's false).
+    The ``plugins`` modules, and ``imports`` (``--import``, added to ``plugins``), are
+    imported before the config is validated (:mod:`streamrl.config_plugins`)."""
     data: dict[str, Any] = {}
-    lines: dict[tuple[str, ...], int] = {}
-    origin = "<defaults>"
+    source = ConfigSource()
     if path is not None:
-        origin = str(path)
+        source.origin = str(path)
         try:
             text = Path(path).read_text()
         except OSError as e:
             raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
         try:
-            loaded = yaml.safe_load(text)
-            lines = _yaml_lines(text, origin)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
+            doc = read_yaml(text, str(path))
+        except YamlError as e:
+            raise ConfigError(str(e)) from None
+        if doc.data is None:
+            doc.data = {}
+        if not isinstance(doc.data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        data = loaded
-    overridden: set[tuple[str, ...]] = set()
+        data, source.lines, source.raw = doc.data, doc.lines, doc.raw
     for text_override in overrides or []:
-        keys, value = parse_override(text_override)
-        _set_path(data, keys, value, "override")
-        overridden.add(tuple(keys))
+        keys, doc = _read_override(text_override)
+        _set_path(data, keys, doc.data, "override")
+        at = tuple(keys)
+        source.raw = {p: v for p, v in source.raw.items() if p[: len(at)] != at}
+        source.raw.update(doc.raw)
+        source.overridden.add(at)
+    _import_plugins(data, list(imports), source)
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(keep_raw_strings(data, Config, source.raw))
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, origin, lines, overridden)) from None
+        raise ConfigError(_format_errors(e, source)) from None
+    cfg._source = source
+    return cfg
 
 
-def _format_errors(
-    err: ValidationError,
-    origin: str,
-    lines: dict[tuple[str, ...], int],
-    overridden: set[tuple[str, ...]],
-) -> str:
+def _import_plugins(data: dict[str, Any], imports: list[str], source: ConfigSource) -> None:
+    """Import the config's ``plugins`` and then ``imports``, which join the list."""
+    listed = data.get("plugins") or []
+    if not isinstance(listed, list):
+        return  # (validation names the wrong type)
+    names = list(dict.fromkeys([*listed, *imports]))
+    if imports:
+        data["plugins"] = names
+
+    def where(i: int) -> str:
+        return source.where(("plugins", str(i))) if i < len(listed) else "--import"
+
+    try:
+        import_plugins(names, where)
+    except PluginError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _format_errors(err: ValidationError, source: ConfigSource) -> str:
     out = []
     for item in err.errors():
         loc = tuple(str(p) for p in item["loc"])
         key = ".".join(loc) or "<root>"
-        msg = item["msg"]
+        msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = f"renamed to {RENAMED_KEYS[key]}" if key in RENAMED_KEYS else "unknown key"
-        where = origin
-        # an override names this key, a key inside it, or a section it created
-        if any(loc[: len(o)] == o or o[: len(loc)] == loc for o in overridden):
-            where = "command-line override"
-        else:
-            # the deepest path we know a line for (an unknown key has its own line)
-            for n in range(len(loc), 0, -1):
-                if loc[:n] in lines:
-                    where = f"{origin}:{lines[loc[:n]]}"
-                    break
         value = item.get("input")
+        if item["type"] == "finite_entry":  # inside a dictionary or list: name the entry
+            loc = (*loc, *item["ctx"]["path"].split("."))
+            key, value = ".".join(loc), item["ctx"]["value"]
         whole = isinstance(value, dict) and len(loc) <= 1  # a section: do not dump it
         shown = "" if item["type"] == "missing" or whole else f" (got {value!r})"
-        out.append(f"{where}: {key}: {msg}{shown}")
+        out.append(f"{source.where(loc)}: {key}: {msg}{shown}")
     if len(out) == 1:
         return f"invalid config: {out[0]}"
     return "invalid config:\n  " + "\n  ".join(out)

@@ -5,13 +5,32 @@ every field is typed and documented where it is declared.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from streamrl.config_options import non_finite
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """The base of every config section: unknown keys are errors, assignments are
+    validated, and no value holds a NaN or infinity (typed floats through
+    ``allow_inf_nan=False``; free-form dictionaries and lists, such as ``options``,
+    through the validator below)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite(cls, value: Any) -> Any:
+        if isinstance(value, dict | list) and (found := non_finite(value)):
+            raise PydanticCustomError(
+                "finite_entry",
+                "Input should be a finite number",
+                {"path": ".".join(found[0]), "value": found[1]},
+            )
+        return value
 
 
 LRSchedule = Literal["constant", "linear", "cosine"]

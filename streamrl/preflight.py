@@ -8,27 +8,41 @@ behind, not after minutes of SFT in a half-written run directory.
 
 from __future__ import annotations
 
-import inspect
+import functools
 import itertools
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
-from streamrl.config import Config
-from streamrl.data import TaskSource, build_task_source
+from streamrl.config import Config, source_of
+from streamrl.config_options import OptionsError, validate_options
+from streamrl.data import (
+    DATA_OPTIONS,
+    TaskSource,
+    make_task_source,
+    task_source_kinds,
+    task_source_options,
+)
 from streamrl.data.logged import load_completions, load_preferences
 from streamrl.data.selection import all_equal_probability
 from streamrl.engines.sampling import is_raw
-from streamrl.episodes import episode_kinds
-from streamrl.models.loading import check_model_source
-from streamrl.models.policies import POLICY_PRESETS
-from streamrl.rewards import CompositeReward, build_reward, get_reward, reward_names
+from streamrl.episodes import build_episode, episode_kinds
+from streamrl.models.loading import check_model_source, load_tokenizer
+from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
+from streamrl.models.tokenizer import encode_prompt
+from streamrl.rewards import CompositeReward, build_reward, reward_names, reward_options
+from streamrl.stages.alol import positive_advantages
+from streamrl.stages.base import encode_logged
 from streamrl.types import Item
 
-ANSWER_SCAN = 1000  # items looked at for a reference answer before SFT
+ANSWER_SCAN = 1000  # training items looked at (answers, prompt lengths) before the run
+MODEL_OPTIONS = ("model", "options")
+console = logging.getLogger("streamrl.preflight")
 
 
 class PreflightError(ValueError):
@@ -47,24 +61,38 @@ class Inputs:
 
 
 def check_reward_options(cfg: Config) -> None:
-    probe = Item(id="probe", prompt="", answer="")
+    """Each component names a registered reward and gives it options of the types its
+    function declares (converted in place, so the run directory's config holds them)."""
     names = [c.name for c in cfg.reward.components]
+    src = source_of(cfg)
     for i, c in enumerate(cfg.reward.components):
         key = f"reward.components[{i}]"
         if c.name not in reward_names():
             raise PreflightError(
-                f"{key}.name: unknown reward {c.name!r}; known: {', '.join(reward_names())}"
+                f"{src.where(('reward', 'components', str(i), 'name'))}: {key}.name: unknown "
+                f"reward {c.name!r}; known: {', '.join(reward_names())}"
             )
-        try:
-            inspect.signature(get_reward(c.name)).bind("", probe, **c.options)
-        except TypeError as e:
-            raise PreflightError(
-                f"{key}.options: {c.name} does not accept {c.options}: {e}"
-            ) from None
+        where = ("reward", "components", str(i), "options")
+        c.options = reward_options(c.name, c.options, where, src.raw)
     if cfg.reward.correct_reward not in names:
         raise PreflightError(
+            f"{src.where(('reward', 'correct_reward'))}: "
             f"reward.correct_reward={cfg.reward.correct_reward!r} is not one of the "
             f"reward.components {names}"
+        )
+
+
+def check_model_options(cfg: Config) -> None:
+    """``model.options`` are a policy preset's (typed, in range), or absent."""
+    m = cfg.model
+    if m.name_or_path in POLICY_PRESETS:
+        m.options = validate_options(
+            PolicyOptions, m.options, MODEL_OPTIONS, raw=source_of(cfg).raw
+        )
+    elif m.options:
+        raise PreflightError(
+            f"{source_of(cfg).where(MODEL_OPTIONS)}: model.options apply to the environment "
+            f"policies ({', '.join(POLICY_PRESETS)}), not model.name_or_path={m.name_or_path!r}"
         )
 
 
@@ -137,6 +165,23 @@ def check_engine_weights(cfg: Config) -> None:
         raise PreflightError(
             f"{key} packs fp32 weights, but model.dtype={cfg.model.dtype}; set model.dtype=float32"
         )
+
+
+def check_lora(cfg: Config) -> None:
+    """``model.lora_rank > 0`` wraps a language model with peft's adapters."""
+    if cfg.model.lora_rank == 0:
+        return
+    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+        raise PreflightError(
+            f"model.lora_rank={cfg.model.lora_rank} applies to language models, not "
+            "environment policies"
+        )
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise PreflightError(
+            f"model.lora_rank={cfg.model.lora_rank} needs peft: pip install 'streamrl[lora]'"
+        ) from None
 
 
 def check_train_compile(cfg: Config) -> None:
@@ -241,7 +286,22 @@ def check_domains(cfg: Config, source: TaskSource) -> None:
             )
 
 
-def check_data(cfg: Config, source: TaskSource) -> list[Item]:
+def build_source(cfg: Config) -> TaskSource:
+    """The task source, its options checked against its signature first (converted in
+    place, so the run directory's config holds them)."""
+    kind, src = cfg.data.kind, source_of(cfg)
+    if kind not in task_source_kinds():
+        raise PreflightError(
+            f"{src.where(('data', 'kind'))}: data.kind: unknown task source kind {kind!r}; "
+            f"known: {', '.join(task_source_kinds())} (or a plugin's: see plugins)"
+        )
+    cfg.data.options = task_source_options(kind, cfg.data.options, DATA_OPTIONS, src.raw)
+    return make_task_source(kind, cfg.data.options)
+
+
+def check_data(cfg: Config, source: TaskSource) -> tuple[list[Item], list[Item]]:
+    """The first training items (up to ANSWER_SCAN) and the held-out items, checked: some
+    exist, SFT has answers, and what episodes read from an item's metadata is valid."""
     first = list(itertools.islice(source.train_iter(cfg.seed), ANSWER_SCAN))
     if not first:
         raise PreflightError(f"data.kind={cfg.data.kind}: the task source yields no items")
@@ -257,7 +317,56 @@ def check_data(cfg: Config, source: TaskSource) -> list[Item]:
             f"data.kind={cfg.data.kind}: no held-out items to evaluate on (eval.heldout_size="
             f"{cfg.eval.heldout_size}); give data.options an eval file or a held-out fraction"
         )
-    return heldout
+    for item in (*first, *heldout):
+        budget = item.metadata.get("max_new_tokens")
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+        ):
+            raise PreflightError(
+                f"item {item.id!r}: metadata.max_new_tokens must be an integer >= 1 (its "
+                f"answer budget), got {budget!r}"
+            )
+    return first, heldout
+
+
+def check_prompt_lengths(
+    cfg: Config, first: list[Item], heldout: list[Item], lm: LanguageModel | None, episode: Any
+) -> None:
+    """Count the prompts (the first training items and the held-out ones) that leave no
+    room in the model's context for one generated token, as ``episode`` renders them (an
+    agent's system message and tool descriptions included). During the run such an item
+    is filtered (``prompt_too_long``) or, in evaluation, counted incorrect; more than
+    ``data.max_too_long_fraction`` of either, or all of them, fails the run here."""
+    if cfg.endpoint.enabled or lm is None or lm.context is None:
+        return  # (external agents' prompts; a policy; a model that states no context)
+    context = lm.context
+    measure = getattr(episode, "prompt_ids", None) or functools.partial(encode_prompt, lm.tokenizer)
+    limit = cfg.data.max_too_long_fraction
+    for split, drawn in (("training", first), ("held-out", heldout)):
+        items = list({it.id: it for it in drawn}.values())  # (a small source repeats)
+        lengths = {}
+        for item in items:
+            try:
+                lengths[item.id] = n = len(measure(item))
+            except ValueError as e:  # e.g. chat messages for a tokenizer without a template
+                raise PreflightError(f"data.kind={cfg.data.kind}: {e}") from None
+            if n < context:
+                lengths.pop(item.id)
+        if not lengths:
+            continue
+        worst = max(lengths, key=lengths.__getitem__)
+        what = (
+            f"{len(lengths)} of the {len(items)} {split} prompts checked leave no room for a "
+            f"generated token in the context of model.name_or_path={cfg.model.name_or_path} "
+            f"({context} tokens; the longest, item {worst!r}, is {lengths[worst]})"
+        )
+        if len(lengths) == len(items) or len(lengths) > limit * len(items):
+            raise PreflightError(
+                f"{what}: shorten the prompts or use a model with a longer context "
+                f"(data.max_too_long_fraction={limit} of them may be left out)"
+            )
+        fate = "filtered (prompt_too_long)" if split == "training" else "counted incorrect"
+        console.warning("%s: they will be %s", what, fate)
 
 
 def check_selection(cfg: Config) -> None:
@@ -311,9 +420,10 @@ def check_selection(cfg: Config) -> None:
         )
 
 
-def check_offline_stages(cfg: Config) -> None:
+def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:
     """The DPO and A-LoL stages that are on have a readable, well-formed file (a bad row
-    is a DataError naming file, line and field), and DPO's pairs fit in micro-batches."""
+    is a DataError naming file, line and field) whose rows fit the model's context, A-LoL
+    has rows to train on, and DPO's pairs fit in micro-batches."""
     for name, load in (("dpo", load_preferences), ("alol", load_completions)):
         section = getattr(cfg, name)
         if section.steps == 0:
@@ -322,7 +432,18 @@ def check_offline_stages(cfg: Config) -> None:
             raise PreflightError(f"{name}.steps={section.steps} needs {name}.path (a JSONL file)")
         if not Path(section.path).is_file():
             raise PreflightError(f"{name}.path={section.path}: no such file")
-        load(section.path)
+        path, rows = str(section.path), load(section.path)
+        texts = (
+            [(r, "completion", r.completion) for r in rows]
+            if name == "alol"
+            else [(r, f, getattr(r, f)) for r in rows for f in ("chosen", "rejected")]
+        )
+        if lm is not None:  # (encoded as the stage encodes them)
+            for row, field, text in texts:
+                where = {"source": path, "line": row.line, "field": field}
+                encode_logged(lm.tokenizer, row.item, text, max_len=lm.context, **where)
+        if name == "alol":
+            positive_advantages(rows, cfg.alol.baseline, path)
     if cfg.dpo.steps > 0 and cfg.train.micro_batch_sequences % 2:
         raise PreflightError(
             f"dpo.steps={cfg.dpo.steps} needs an even train.micro_batch_sequences (got "
@@ -358,6 +479,23 @@ def check_sandbox(cfg: Config) -> str:
     return result.metadata["isolation"]
 
 
+@dataclass
+class LanguageModel:
+    """The run's tokenizer and context length (prompt + generated tokens), loaded once."""
+
+    tokenizer: Any
+    context: int | None
+
+
+def language_model(cfg: Config) -> LanguageModel | None:
+    """The tokenizer and context of a language-model run (None for an environment
+    policy), without its weights."""
+    if cfg.rollout.episode == "gym":
+        return None
+    loaded = load_tokenizer(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
+    return None if loaded is None else LanguageModel(*loaded)
+
+
 def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     """Run every check; returns the built inputs. Raises PreflightError (or the data
     source's DataError, which names file and line)."""
@@ -365,15 +503,30 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_device(cfg.runtime.device)
     check_engine_weights(cfg)
     check_train_compile(cfg)
+    check_lora(cfg)
     check_engine_compile(cfg)
     check_vllm_engine(cfg)
     check_group_sampling(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(
+            f"{source_of(cfg).where(('rollout', 'episode'))}: "
             f"rollout.episode: unknown kind {cfg.rollout.episode!r}; "
             f"known: {', '.join(episode_kinds())}"
         )
+    try:
+        return _checked_inputs(cfg, output_dir)
+    except OptionsError as e:  # the options of a source, reward or policy: with their lines
+        lines = e.lines(source_of(cfg).where)
+        raise PreflightError(
+            f"invalid options: {lines[0]}"
+            if len(lines) == 1
+            else "invalid options:\n  " + "\n  ".join(lines)
+        ) from None
+
+
+def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     check_reward_options(cfg)
+    check_model_options(cfg)
     try:
         algorithm = build_algorithm(cfg)
     except (KeyError, ValueError) as e:
@@ -389,12 +542,21 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
             raise PreflightError(
                 "runtime.backend=ray needs Ray: pip install 'streamrl[ray]'"
             ) from None
-    source = build_task_source(cfg.data.kind, **cfg.data.options)
-    heldout = check_data(cfg, source)
+    source = build_source(cfg)
+    first, heldout = check_data(cfg, source)
     check_domains(cfg, source)
-    check_offline_stages(cfg)
     check_selection(cfg)
     sandbox = check_sandbox(cfg)
-    if output_dir:
-        check_output_dir(cfg.run.output_dir)
-    return Inputs(source, build_reward(cfg.reward), heldout, algorithm, sandbox)
+    lm = language_model(cfg)  # (its tokenizer, for the checks of lengths)
+    check_offline_stages(cfg, lm)
+    reward = build_reward(cfg.reward)  # (a reward's set-up checks its options' values)
+    try:
+        # the episode the run will build (an agent's tools and parser are checked here)
+        episode = build_episode(cfg, lm.tokenizer, reward) if lm is not None else None
+        check_prompt_lengths(cfg, first, heldout, lm, episode)
+        if output_dir:
+            check_output_dir(cfg.run.output_dir)
+    except BaseException:
+        reward.close()
+        raise
+    return Inputs(source, reward, heldout, algorithm, sandbox)

@@ -27,7 +27,7 @@ from typing import Any
 from streamrl.algorithms import Algorithm, Filtered
 from streamrl.data.selection_likelihood import WEIGHT_KEY, LikelihoodGate
 from streamrl.engines.base import InferenceEngine
-from streamrl.episodes import Episode
+from streamrl.episodes import Episode, PromptTooLong
 from streamrl.messages import (
     Command,
     GroupDone,
@@ -230,6 +230,8 @@ async def _rollout(
         return None
     index = item.index
     for r in results:
+        if isinstance(r, PromptTooLong):  # the item cannot be rolled out: filtered
+            return GroupRejected(index, "filtered", r.reason, str(r))
         if isinstance(r, BaseException):
             return _failed(index, "episode_error", r)
     if any(r is None for r in results):

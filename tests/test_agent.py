@@ -222,6 +222,7 @@ def test_agent_episodes_train_through_the_pipeline(tmp_path: Path) -> None:
         "agent.tools=[calculator]",
         "agent.tool_parser=pythonic",
         "agent.max_turns=2",
+        "agent.tools_in_prompt=never",  # (described, the tools take 563 of its 256 tokens)
         "algorithm.dynamic_sampling=false",
         "train.items_per_step=2",
         "train.steps=2",
@@ -232,3 +233,4 @@ def test_agent_episodes_train_through_the_pipeline(tmp_path: Path) -> None:
     assert result.summary["sandbox/isolation"] == "unused"  # no python tool in this run
     turns = [r["agent/turns"] for r in rows if "agent/turns" in r]
     assert turns and all(t >= 1 for t in turns)
+    assert result.summary.get("stream/filtered/prompt_too_long", 0) == 0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from streamrl.backends import RolloutPool, WorkerSpec
 from streamrl.config import load_config
@@ -42,25 +45,26 @@ def doc():
 
 
 def _cfg(tmp_path: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "algorithm.dynamic_sampling=false",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=3",
-            "train.items_per_step=2",
-            "train.steps=2",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-            *extra,
-        ],
-    )
+    return load_config(None, [*_cfg_overrides(tmp_path), *extra])
+
+
+def _cfg_overrides(tmp_path: Path) -> list[str]:
+    """A tiny run's overrides (2 RL steps of 2 items, no SFT, no weights written)."""
+    return [
+        "model.name_or_path=tiny-small",
+        "sft.steps=0",
+        "eval.every=0",
+        "eval.heldout_size=4",
+        "algorithm.dynamic_sampling=false",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "train.items_per_step=2",
+        "train.steps=2",
+        f"run.output_dir={tmp_path}",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "run.save_weights=false",
+    ]
 
 
 def test_algorithm_example_trains_its_critic(doc, tmp_path: Path, monkeypatch) -> None:
@@ -99,6 +103,50 @@ def test_task_source_example(doc, tmp_path: Path) -> None:
         "reward.correct_reward=exact_match",
     )
     assert train(cfg).summary["stream/consumed"] == 4
+
+
+def test_task_source_example_runs_from_the_documented_command(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The task source block saved as the module the doc names, then the doc's own
+    command through the CLI (with the tiny-run overrides): --import finds the module in
+    the current directory, the run's config records it, and a wrong option fails first."""
+    from streamrl.cli import main
+    from streamrl.data import _KINDS
+
+    text = DOC.read_text()
+    section = text[text.index("## How to add a task source") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)[1]
+    command = re.search(r"```bash\n(.*?)```", section, re.S)[1].replace("\\\n", " ")
+    argv = shlex.split(command)
+    module = argv[argv.index("--import") + 1]
+    (tmp_path / f"{module}.py").write_text(block)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    kinds = dict(_KINDS)
+    _KINDS.pop("doc_parity", None)  # (the `doc` fixture may have registered its own copy)
+    try:
+        assert argv[:2] == ["streamrl", "train"]
+        tiny = [o for o in _cfg_overrides(tmp_path) if not o.startswith("run.output_dir")]
+        out = tmp_path / "runs"
+        code = main([*argv[1:], *tiny, f"run.output_dir={out}"])
+        assert code == 0, capsys.readouterr().err
+        (run,) = out.iterdir()
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        assert saved["plugins"] == [module] and saved["data"]["options"] == {"limit": 1000}
+        assert json.loads((run / "summary.json").read_text())["stream/consumed"] == 4
+        bad = [a.replace("limit: 1000", "limit: many") for a in argv[1:]]
+        assert main([*bad, *tiny, f"run.output_dir={tmp_path / 'bad'}"]) == 2
+        err = capsys.readouterr().err
+        assert "command-line override: data.options.limit: Input should be a valid integer" in err
+        assert not (tmp_path / "bad").exists()
+        assert main(["train", "--import", "no_such_plugin", "sft.steps=0"]) == 2
+        assert "--import: plugins[0]: cannot import 'no_such_plugin'" in capsys.readouterr().err
+    finally:
+        sys.modules.pop(module, None)
+        _KINDS.clear()
+        _KINDS.update(kinds)
 
 
 def test_backend_example_serves_the_pool(doc) -> None:

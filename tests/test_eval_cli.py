@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from streamrl.cli import main
 from streamrl.models import load_model_and_tokenizer
 
@@ -50,3 +52,31 @@ def test_eval_model_dir_on_prompt_file_with_passk(tmp_path: Path) -> None:
     # the JSON is enough to redo the analysis: pass@4 from the stored outcomes
     redo = sum(any(it["correct"]) for it in items) / len(items)
     assert abs(redo - m["pass@4"]) < 1e-9
+
+
+@pytest.mark.parametrize("argv", [["--n", "0"], ["--n", "-2"], ["--n", "x"], ["--k", "0"]])
+def test_eval_counts_must_be_positive(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "tiny-small", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert f"argument {argv[0]}: expected an integer >= 1 (got '{argv[1]}')" in err
+
+
+def test_eval_says_which_k_it_leaves_out(tmp_path: Path, capsys) -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny-small", seed=0)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "probe.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "answer": i}) + "\n" for i in range(3))
+    )
+    out = tmp_path / "eval.json"
+    base = ["eval", str(tmp_path / "model"), "--split", str(prompts), "--out", str(out)]
+    code = main([*base, "rollout.max_new_tokens=2", "--n", "2", "--k", "1", "4", "16"])
+    err = capsys.readouterr().err
+    assert code == 0 and "--k 4 ignored: larger than --n 2" in err and "--k 16 ignored" in err
+    metrics = json.loads(out.read_text())["metrics"]
+    assert "pass@1" in metrics and "pass@4" not in metrics
+    assert main([*base, "--k", "4"]) == 2  # (--n 1): nothing left to estimate
+    assert "error: --k 4: pass@k needs --n >= k (got --n 1)" in capsys.readouterr().err

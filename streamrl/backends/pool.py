@@ -57,6 +57,7 @@ from streamrl.backends.books import (
 )
 from streamrl.data.selection import PromptSelector
 from streamrl.data.selection_likelihood import CandidateBudget, weighted
+from streamrl.episodes.base import PromptTooLong
 from streamrl.messages import (
     Command,
     GroupDone,
@@ -134,6 +135,7 @@ class RolloutPool(PoolBooks):
         self._streak, self._streak_first = 0, ""  # failed items in a row, and the first
         self._unwarned, self._last_warn = 0, 0.0
         self._dropped = (0, 0.0, 0)  # groups dropped in a row, their reward sum and samples
+        self._too_long = 0  # items filtered in a row: no room in the context for their prompt
         self._last_drop_warn = 0.0
         self._lock = threading.RLock()  # the pump's state: reports, sends, in-flight items
         self._stop = threading.Event()
@@ -410,10 +412,21 @@ class RolloutPool(PoolBooks):
         """Count generated groups dropped for equal rewards in a row (a consumed group
         resets it; a failed or gate-skipped item, never generated, leaves it): warn from
         100 on, rate-limited, and give up after ``max_dropped_in_a_row`` (the policy gets
-        every sample right, or every one wrong, and dynamic sampling would spin)."""
+        every sample right, or every one wrong, and dynamic sampling would spin). Items
+        filtered as prompt_too_long are counted in a row the same way (none can be learned
+        from; a consumed group resets the count) and stop the run at the same limit."""
         if isinstance(msg, GroupDone):
-            self._dropped = (0, 0.0, 0)
+            self._dropped, self._too_long = (0, 0.0, 0), 0
             return
+        if msg.reason == PromptTooLong.reason:  # (preflight counts them in the first items)
+            self._too_long += 1
+            if self.max_dropped_in_a_row and self._too_long >= self.max_dropped_in_a_row:
+                raise NothingToLearn(
+                    f"{self._too_long} items in a row were filtered because their prompt "
+                    "leaves no room for a generated token in the model's context "
+                    "(prompt_too_long): shorten the prompts or use a model with a longer "
+                    f"context (algorithm.max_dropped_in_a_row={self.max_dropped_in_a_row})"
+                )
         if msg.reason != EQUAL_REWARDS:
             return
         n, reward, samples = self._dropped

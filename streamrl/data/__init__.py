@@ -23,10 +23,10 @@ sources) in :mod:`streamrl.data.mixture`, with the helpers :func:`item_domain` a
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
+from streamrl.config_options import OptionsError, validate_options
 from streamrl.data.arithmetic import ArithmeticTaskSource
 from streamrl.data.base import DataError, FiniteTaskSource, TaskSource
 from streamrl.data.files import DatasetsTaskSource, JsonlTaskSource, ParquetTaskSource
@@ -38,6 +38,7 @@ from streamrl.data.reasoning_gym_source import ReasoningGymTaskSource
 from streamrl.data.tool_arithmetic import ToolArithmeticTaskSource
 
 __all__ = [
+    "DATA_OPTIONS",
     "ArithmeticTaskSource",
     "DataError",
     "DatasetsTaskSource",
@@ -52,11 +53,15 @@ __all__ = [
     "TaskSource",
     "ToolArithmeticTaskSource",
     "build_task_source",
+    "make_task_source",
+    "task_source_options",
     "item_correct_reward",
     "item_domain",
     "register_task_source",
     "task_source_kinds",
 ]
+
+DATA_OPTIONS = ("data", "options")  # the key path of a run's task-source options
 
 _KINDS: dict[str, Callable[..., TaskSource]] = {
     "arithmetic": ArithmeticTaskSource,
@@ -84,21 +89,36 @@ def task_source_kinds() -> list[str]:
     return sorted(_KINDS)
 
 
-def _accepted_options(factory: Callable[..., TaskSource]) -> tuple[set[str], bool]:
-    """Keyword names ``factory`` accepts, and whether it takes ``**kwargs`` beyond them."""
-    names: set[str] = set()
-    var_kw = False
-    for cls in inspect.getmro(factory) if inspect.isclass(factory) else [factory]:
-        fn = cls.__init__ if inspect.isclass(factory) else cls
-        if fn is object.__init__:
-            continue
-        params = inspect.signature(fn).parameters.values()
-        names |= {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-        var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-        if not var_kw:  # the rest of the MRO is not reachable through **kwargs
-            break
-    names.discard("self")
-    return names, var_kw
+def task_source_options(
+    kind: str,
+    options: dict[str, Any],
+    where: tuple[str, ...] = DATA_OPTIONS,
+    raw: dict[tuple[str, ...], str] | None = None,
+) -> dict[str, Any]:
+    """``options`` checked against what the source ``kind`` declares (its signature's
+    annotations) and converted to those types; an :class:`OptionsError` names the key
+    path of each bad one (``where`` + key), before anything is built. ``raw``: the text
+    of plain YAML scalars (a text option keeps what the user typed)."""
+    if kind not in _KINDS:
+        raise ValueError(
+            f"unknown task source kind {kind!r}; known: {', '.join(task_source_kinds())}"
+        )
+    return validate_options(_KINDS[kind], options, where, raw=raw)
+
+
+def make_task_source(
+    kind: str, options: dict[str, Any], where: tuple[str, ...] = DATA_OPTIONS
+) -> TaskSource:
+    """The task source ``kind`` built from ``options`` (checked first). A ValueError the
+    source raises about its options' values (``digits must be >= 1``) becomes an
+    OptionsError at ``where``; a DataError (a bad row of a file) names its file and line."""
+    checked = task_source_options(kind, options, where)
+    try:
+        return _KINDS[kind](**checked)
+    except (OptionsError, DataError):
+        raise
+    except ValueError as e:
+        raise OptionsError([(where, f"{kind}: {e}", ...)]) from None
 
 
 def build_task_source(kind: str, **options: Any) -> TaskSource:
@@ -108,20 +128,4 @@ def build_task_source(kind: str, **options: Any) -> TaskSource:
     >>> next(src.train_iter(seed=0)).prompt
     '6+6='
     """
-    if kind not in _KINDS:
-        raise ValueError(
-            f"unknown task source kind {kind!r}; known: {', '.join(task_source_kinds())}"
-        )
-    factory = _KINDS[kind]
-    accepted, var_kw = _accepted_options(factory)
-    unknown = sorted(set(options) - accepted)
-    if unknown and not var_kw:
-        raise ValueError(
-            f"task source {kind!r}: unknown option(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(sorted(accepted))}"
-        )
-    try:
-        inspect.signature(factory).bind(**options)
-    except TypeError as e:  # e.g. a missing required option such as 'path'
-        raise ValueError(f"task source {kind!r}: {e}") from None
-    return factory(**options)
+    return make_task_source(kind, options)

@@ -19,10 +19,16 @@ any other      anything                              copied into ``metadata`` (a
 =============  ====================================  =========================================
 
 Exactly one of ``prompt`` / ``messages`` must be set per row (a null counts as
-unset). Every row is validated when the source is built; the first bad row raises a
-:class:`~streamrl.data.base.DataError` naming the file, the line (JSONL, 1-based) or
+unset). An ``answer`` that is given may not be empty (leave it out for an item without
+a reference). Every row is validated when the source is built; the first bad row raises
+a :class:`~streamrl.data.base.DataError` naming the file, the line (JSONL, 1-based) or
 row (tables, 0-based) and the field. Blank JSONL lines are skipped. Ids must be
 unique.
+
+What one row may cost is bounded: a row larger than ``max_row_bytes`` (default
+8 MiB: its JSONL line, or its Arrow data in a table) or nested deeper than
+``MAX_ROW_DEPTH`` levels is an error naming it, found before the row is turned into
+Python objects (a JSONL line is read at most ``max_row_bytes`` + 2 bytes at a time).
 
 Held-out split: pass ``eval_path`` (a separate file, same schema); training rows
 whose prompt also appears in it are dropped. Otherwise ``heldout_fraction``
@@ -41,7 +47,8 @@ Example JSONL::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,9 @@ from streamrl.types import Item
 
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_HELDOUT_FRACTION = 0.05
+DEFAULT_MAX_ROW_BYTES = 8 << 20  # one row (a JSONL line, a table row's Arrow data)
+MAX_ROW_DEPTH = 64  # nesting levels of one row's values (a row uses about 4)
+TABLE_BATCH_ROWS = 64  # rows of a table turned into Python objects at a time
 
 # (line, row, record): exactly one of line / row is set.
 Record = tuple[int | None, int | None, Any]
@@ -99,7 +109,15 @@ class RowParser:
                 raise fail(
                     f"expected a string or number, got {_type_name(answer)}", self.answer_key
                 )
+            if isinstance(answer, float) and not math.isfinite(answer):
+                raise fail(f"expected a finite number, got {answer}", self.answer_key)
             answer = str(answer)
+            if not answer.strip():
+                raise fail(
+                    "empty answer: give the reference answer, or leave the field out for an "
+                    "item without one",
+                    self.answer_key,
+                )
 
         item_id = raw.get(self.id_key)
         if item_id is None:
@@ -155,12 +173,16 @@ class _FileTaskSource(FiniteTaskSource):
         answer_key: str = "answer",
         id_key: str = "id",
         metadata_key: str = "metadata",
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     ) -> None:
         if eval_path is not None and heldout_fraction:
             raise ValueError("give either eval_path or heldout_fraction, not both")
         fraction = DEFAULT_HELDOUT_FRACTION if heldout_fraction is None else heldout_fraction
         if not 0.0 <= fraction <= 1.0:  # 1.0: the whole file is an evaluation set
             raise ValueError(f"heldout_fraction must be in [0, 1], got {fraction}")
+        if max_row_bytes < 1:
+            raise ValueError(f"max_row_bytes must be >= 1, got {max_row_bytes}")
+        self.max_row_bytes = max_row_bytes
         self.parser = RowParser(prompt_key, messages_key, answer_key, id_key, metadata_key)
         rows = self._load(str(path))
         if eval_path is not None:
@@ -197,16 +219,49 @@ class _FileTaskSource(FiniteTaskSource):
         raise NotImplementedError
 
 
-def jsonl_records(source: str) -> Iterator[Record]:
+def _too_large(size: int, limit: int, at_least: bool = False) -> str:
+    more = "at least " if at_least else ""
+    return (
+        f"the row takes {more}{size} bytes, more than max_row_bytes={limit} (a source "
+        "option): split it, or raise the limit"
+    )
+
+
+def check_depth(record: Any, source: str, line: int | None, row: int | None) -> None:
+    """A DataError when ``record`` nests deeper than MAX_ROW_DEPTH (walked without
+    recursion, so the check itself cannot run out of stack)."""
+    stack = [(record, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ROW_DEPTH:
+            raise DataError(
+                source, f"nested more than {MAX_ROW_DEPTH} levels deep", line=line, row=row
+            )
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def jsonl_records(source: str, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[Record]:
     """(line, None, record) for every non-blank line of a JSONL file; a line that is not
-    UTF-8 or not JSON is a :class:`DataError` naming it."""
+    UTF-8 or not JSON, or larger than ``max_row_bytes`` or nested deeper than
+    MAX_ROW_DEPTH, is a :class:`DataError` naming it (a line is never read whole
+    beyond ``max_row_bytes``)."""
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL file not found: {source}")
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        lineno = 0
+        while raw := f.readline(max_row_bytes + 2):  # the row and its line end ("\r\n")
+            lineno += 1
+            body = raw.rstrip(b"\r\n")
+            if len(body) > max_row_bytes:
+                at_least = not raw.endswith(b"\n")
+                msg = _too_large(len(body), max_row_bytes, at_least)
+                raise DataError(source, msg, line=lineno)
             try:
-                text = raw.decode("utf-8")
+                text = body.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(source, f"invalid UTF-8 ({e.reason})", line=lineno) from None
             if not text.strip():
@@ -216,14 +271,40 @@ def jsonl_records(source: str) -> Iterator[Record]:
             except json.JSONDecodeError as e:
                 msg = f"invalid JSON: {e.msg} (column {e.colno})"
                 raise DataError(source, msg, line=lineno) from None
+            except RecursionError:
+                msg = f"nested more than {MAX_ROW_DEPTH} levels deep"
+                raise DataError(source, msg, line=lineno) from None
+            check_depth(record, source, lineno, None)
             yield lineno, None, record
+
+
+def arrow_records(
+    batches: Iterable[Any],
+    source: str,
+    max_row_bytes: int,
+    decode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Iterator[Record]:
+    """(None, row, record) for the rows of Arrow record batches or tables (``decode``:
+    what a row's Arrow values stand for, e.g. a ``datasets`` feature's); a row whose
+    Arrow data exceeds ``max_row_bytes`` is a DataError before it becomes Python objects."""
+    row = 0
+    for batch in batches:
+        if batch.nbytes > max_row_bytes:  # (then some row may be too large: look at each)
+            for i in range(batch.num_rows):
+                if (size := batch.slice(i, 1).nbytes) > max_row_bytes:
+                    raise DataError(source, _too_large(size, max_row_bytes), row=row + i)
+        for record in batch.to_pylist():
+            record = decode(record) if decode is not None else record
+            check_depth(record, source, None, row)
+            yield None, row, record
+            row += 1
 
 
 class JsonlTaskSource(_FileTaskSource):
     """One JSON object per line (see the module docstring for the schema)."""
 
     def _records(self, source: str) -> Iterator[Record]:
-        return jsonl_records(source)
+        return jsonl_records(source, self.max_row_bytes)
 
 
 class ParquetTaskSource(_FileTaskSource):
@@ -234,15 +315,12 @@ class ParquetTaskSource(_FileTaskSource):
 
         if not Path(source).is_file():
             raise FileNotFoundError(f"Parquet file not found: {source}")
-        row = 0
         try:
             parquet = pq.ParquetFile(source)
         except Exception as e:  # ArrowInvalid: empty or not a Parquet file
             raise DataError(source, f"not a readable Parquet file ({e})") from None
-        for batch in parquet.iter_batches(batch_size=4096):
-            for record in batch.to_pylist():
-                yield None, row, record
-                row += 1
+        batches = parquet.iter_batches(batch_size=TABLE_BATCH_ROWS)
+        yield from arrow_records(batches, source, self.max_row_bytes)
 
 
 class DatasetsTaskSource(_FileTaskSource):
@@ -281,8 +359,9 @@ class DatasetsTaskSource(_FileTaskSource):
         if self.eval_split is not None and source.endswith(f"#{self.eval_split}"):
             path, split = source[: -len(self.eval_split) - 1], self.eval_split
         ds = self._select(self._open(path), split, path)
-        for row, record in enumerate(ds):
-            yield None, row, record
+        batches = ds.with_format("arrow").iter(batch_size=TABLE_BATCH_ROWS)
+        decode = ds.features.decode_example
+        yield from arrow_records(batches, source, self.max_row_bytes, decode)
 
     def _open(self, path: str) -> Any:
         import datasets

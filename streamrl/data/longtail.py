@@ -12,15 +12,14 @@ lengths exact (as vLLM's throughput benchmarks do with fixed output lengths).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from streamrl.data.arithmetic import ArithmeticTaskSource
-from streamrl.data.base import TaskSource, stable_hash
+from streamrl.data.base import stable_hash
 from streamrl.types import Item
 
 
-class LongTailTaskSource(TaskSource):
-    """Arithmetic items, ``long_fraction`` of them with a ``long_tokens`` budget.
+class LongTailTaskSource(ArithmeticTaskSource):
+    """Arithmetic items, ``long_fraction`` of them with a ``long_tokens`` budget (the
+    other options are the arithmetic source's).
 
     >>> src = LongTailTaskSource(long_fraction=0.5, short_tokens=4, long_tokens=32)
     >>> sorted({it.metadata["max_new_tokens"] for it in src.heldout(20)})
@@ -38,17 +37,12 @@ class LongTailTaskSource(TaskSource):
             raise ValueError(f"long_fraction must be in [0, 1], got {long_fraction}")
         if not 1 <= short_tokens <= long_tokens:
             raise ValueError("need 1 <= short_tokens <= long_tokens")
-        self.inner = ArithmeticTaskSource(**arithmetic_options)
+        super().__init__(**arithmetic_options)
         self.long_fraction = long_fraction
         self.short_tokens, self.long_tokens = short_tokens, long_tokens
 
-    def _budget(self, item: Item) -> Item:
+    def make_item(self, operands: list[int], operators: list[str]) -> Item:
+        item = super().make_item(operands, operators)
         is_long = stable_hash("longtail:" + item.id) % 10_000 < self.long_fraction * 10_000
         item.metadata["max_new_tokens"] = self.long_tokens if is_long else self.short_tokens
         return item
-
-    def train_iter(self, seed: int) -> Iterator[Item]:
-        return (self._budget(item) for item in self.inner.train_iter(seed))
-
-    def heldout(self, n: int | None = None) -> list[Item]:
-        return [self._budget(item) for item in self.inner.heldout(n)]

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrl.config_options import check_path_component
 from streamrl.data.base import DataError, TaskSource
 from streamrl.data.gym_source import GymTaskSource
 from streamrl.data.transitions import Transitions
@@ -58,6 +59,10 @@ def load_minari(dataset_id: str) -> Any:
     directory searched and the command that makes one."""
     import minari
 
+    try:
+        check_path_component(dataset_id, allow_slash=True)  # (a directory under the root)
+    except ValueError as e:
+        raise ValueError(f"dataset_id {dataset_id!r}: {e}") from None
     try:
         return minari.load_dataset(dataset_id, download=False)
     except FileNotFoundError:

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.config_options import OptionsError
 from streamrl.data.base import DataError, TaskSource
 from streamrl.types import Item
 
@@ -84,7 +85,7 @@ def _error(i: int, key: str, message: str) -> DataError:
 
 
 def _part(i: int, spec: Any, names: set[str]) -> _Part:
-    from streamrl.data import build_task_source, task_source_kinds  # (it registers us)
+    from streamrl.data import make_task_source, task_source_kinds  # (it registers us)
 
     if not isinstance(spec, dict):
         raise DataError(f"{_WHERE}[{i}]", f"expected a mapping {{{', '.join(_SPEC_KEYS)}}}")
@@ -109,9 +110,12 @@ def _part(i: int, spec: Any, names: set[str]) -> _Part:
     options = spec.get("options") or {}
     if not isinstance(options, dict):
         raise _error(i, "options", f"expected a mapping, got {type(options).__name__}")
+    where = ("data", "options", "sources", str(i), "options")
     try:
-        source = build_task_source(kind, **options)
-    except (ValueError, TypeError, OSError) as e:  # bad options, unreadable files, ...
+        source = make_task_source(kind, options, where)
+    except (OptionsError, DataError):  # (they name the key, or the file and line)
+        raise
+    except (ValueError, TypeError, OSError) as e:  # unreadable files, ...
         raise _error(i, "options", str(e)) from e
     return _Part(name, source, float(weight), correct)
 

@@ -5,6 +5,7 @@ from streamrl.episodes import gym as gym  # registers "gym"
 from streamrl.episodes import single_turn as single_turn  # registers "single_turn"
 from streamrl.episodes.base import (
     Episode,
+    PromptTooLong,
     build_episode,
     episode_kinds,
     register_episode,
@@ -14,6 +15,7 @@ from streamrl.episodes.single_turn import SingleTurnEpisode, trajectory_from_res
 
 __all__ = [
     "Episode",
+    "PromptTooLong",
     "SingleTurnEpisode",
     "build_episode",
     "episode_kinds",

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from streamrl.engines.base import InferenceEngine
-from streamrl.episodes.base import register_episode
+from streamrl.episodes.base import check_room, register_episode
 from streamrl.episodes.single_turn import item_params
 from streamrl.rewards import CompositeReward
 from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams, Trajectory
@@ -147,6 +147,10 @@ class AgentEpisode:
             messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
         return messages
 
+    def prompt_ids(self, item: Item) -> list[int]:
+        """The tokens of the first turn's request (system message and tools included)."""
+        return self.encode(self.render(self.first_messages(item), generation_prompt=True))
+
     def replay(self, item: Item) -> Trajectory:
         """The teacher trace in ``item.metadata["demonstration"]`` (its assistant turns) as
         a trajectory: for supervised warm-start of agents, through this very episode."""
@@ -180,7 +184,7 @@ class AgentEpisode:
         messages = self.first_messages(item)
         rendered = self.render(messages, generation_prompt=True)  # G of the first turn
         tokens = _Tokens()
-        tokens.observe(self.encode(rendered))
+        tokens.observe(self.encode(rendered))  # (= prompt_ids(item))
         m: dict[str, float] = {"agent/turns": 0.0, "agent/tool_calls": 0.0}
         answer, budget, mismatch, finish = "", self.max_total_tokens, 0, "length"
         for turn in range(self.max_turns):
@@ -195,6 +199,8 @@ class AgentEpisode:
                 stratum=stratum,
             )
             res = await engine.agenerate(request)
+            if turn == 0:  # (a later turn that fills the context ends the episode)
+                check_room(item, request.prompt_ids, res)
             finish = res.finish_reason
             tokens.generated(res)
             budget -= len(res.token_ids)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamrl.engines.base import InferenceEngine
-from streamrl.types import Item, SamplingParams, Trajectory
+from streamrl.types import GenerationResult, Item, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
     from streamrl.config import Config
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 
 class Episode(Protocol):
+    """A language-model episode may also have ``prompt_ids(item) -> list[int]``, the
+    tokens of its first request: preflight measures prompts with it (else with
+    :func:`~streamrl.models.encode_prompt`) against the model's context."""
+
     async def __call__(
         self,
         engine: InferenceEngine,
@@ -36,6 +40,25 @@ class Episode(Protocol):
         """One episode of ``item``. ``stratum`` (j, G): member j of a group of G sharing
         ``seed`` whose draws are stratified (GenerationRequest.stratum)."""
         ...
+
+
+class PromptTooLong(ValueError):
+    """The item's prompt leaves no room in the model's context for one generated token:
+    the rollout counts its group as filtered (``prompt_too_long``), evaluation as an
+    incorrect answer with this error; preflight counts such prompts before the run."""
+
+    reason = "prompt_too_long"
+
+
+def check_room(item: Item, prompt_ids: list[int], result: GenerationResult) -> None:
+    """Raise PromptTooLong when the engine ended ``item``'s first request without a
+    token for want of room (an engine answers a prompt that fills its context with no
+    tokens and ``finish_reason="length"``; a request that asks for no tokens is never sent)."""
+    if not result.token_ids and result.finish_reason == "length":
+        raise PromptTooLong(
+            f"item {item.id!r}: its prompt of {len(prompt_ids)} tokens leaves no room for a "
+            "generated token in the model's context"
+        )
 
 
 EpisodeFactory = Callable[["Config", Any, "CompositeReward", SamplingParams], Episode]

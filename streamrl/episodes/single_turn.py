@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from streamrl.engines.base import InferenceEngine
-from streamrl.episodes.base import register_episode
+from streamrl.episodes.base import check_room, register_episode
 from streamrl.models import encode_prompt
 from streamrl.rewards import CompositeReward
 from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams, Trajectory
@@ -51,6 +51,10 @@ class SingleTurnEpisode:
     sampling: SamplingParams
     reward: CompositeReward
 
+    def prompt_ids(self, item: Item) -> list[int]:
+        """The tokens the engine is asked to continue."""
+        return encode_prompt(self.tokenizer, item)
+
     async def __call__(
         self,
         engine: InferenceEngine,
@@ -61,9 +65,10 @@ class SingleTurnEpisode:
         stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
-        prompt_ids = encode_prompt(self.tokenizer, item)
+        prompt_ids = self.prompt_ids(item)
         request = GenerationRequest(prompt_ids, params, seed, stratum=stratum)
         result = await engine.agenerate(request)
+        check_room(item, prompt_ids, result)
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         scored = await self.reward.ascore(text, item)
         metadata = {

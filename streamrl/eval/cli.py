@@ -20,7 +20,19 @@ from streamrl.rewards import build_reward
 from streamrl.tracking import write_json
 
 
+def usable_ks(ks: list[int], n: int) -> tuple[int, ...]:
+    """The k values pass@k can be estimated for from ``n`` samples per item; each larger
+    one is reported on stderr (an error when none is left)."""
+    kept = tuple(dict.fromkeys(k for k in ks if k <= n))
+    if not kept:
+        raise ValueError(f"--k {' '.join(map(str, ks))}: pass@k needs --n >= k (got --n {n})")
+    for k in dict.fromkeys(k for k in ks if k > n):
+        print(f"--k {k} ignored: larger than --n {n}", file=sys.stderr)
+    return kept
+
+
 def run_eval_command(args: argparse.Namespace) -> int:
+    ks = usable_ks(args.k, args.n)  # (before anything is loaded)
     target = Path(args.target)
     is_run = (target / "config.yaml").exists()
     config_path = args.config or (target / "config.yaml" if is_run else None)
@@ -59,7 +71,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         cfg.reward.correct_reward,
         greedy=temperature == 0,
         samples_per_item=args.n,
-        ks=tuple(args.k),
+        ks=ks,
         seed=cfg.seed,
     )
     write_json(

@@ -7,7 +7,12 @@ True
 """
 
 from streamrl.models.gguf import SMOLLM2_ALIAS, convert_gguf, gguf_cache_path
-from streamrl.models.loading import load_model, load_model_and_tokenizer, resolve_dtype
+from streamrl.models.loading import (
+    load_model,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    resolve_dtype,
+)
 from streamrl.models.lora import apply_lora, count_parameters, merged_state_dict
 from streamrl.models.presets import TINY_PRESETS, build_preset
 from streamrl.models.tokenizer import (
@@ -31,6 +36,7 @@ __all__ = [
     "is_char_tokenizer",
     "load_model",
     "load_model_and_tokenizer",
+    "load_tokenizer",
     "merged_state_dict",
     "resolve_dtype",
 ]

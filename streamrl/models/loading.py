@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -14,7 +15,7 @@ from transformers import (
 )
 
 from streamrl.models.gguf import SMOLLM2_ALIAS, convert_gguf, smollm2_gguf_path
-from streamrl.models.presets import TINY_PRESETS, build_preset
+from streamrl.models.presets import PRESET_CONTEXT, TINY_PRESETS, build_preset
 from streamrl.models.tokenizer import build_char_tokenizer
 
 _DTYPES = {
@@ -76,22 +77,49 @@ def load_model_and_tokenizer(
             attn_implementation=attn_implementation,
         )
     else:
-        if name_or_path.lower() == SMOLLM2_ALIAS:
-            path = str(convert_gguf(smollm2_gguf_path(), cache_dir))
-            hf_cache = None
-        elif (gguf := _find_gguf(name_or_path, gguf_file)) is not None:
-            path, hf_cache = str(convert_gguf(gguf, cache_dir)), None
-        else:
-            path, hf_cache = _find_checkpoint(name_or_path, cache_dir), cache_dir
-        common = dict(
-            cache_dir=hf_cache, local_files_only=True, trust_remote_code=trust_remote_code
-        )
+        path, common = _checkpoint(name_or_path, gguf_file, cache_dir, trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(path, **common)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype, attn_implementation=attn_implementation, **common
         )
     _finish(model, tokenizer)
     return model, tokenizer
+
+
+def _checkpoint(
+    name_or_path: str, gguf_file: str | None, cache_dir: str | None, trust_remote_code: bool
+) -> tuple[str, dict[str, Any]]:
+    """The checkpoint directory (or cached hub id) to load, and from_pretrained's options."""
+    if name_or_path.lower() == SMOLLM2_ALIAS:
+        path, hf_cache = str(convert_gguf(smollm2_gguf_path(), cache_dir)), None
+    elif (gguf := _find_gguf(name_or_path, gguf_file)) is not None:
+        path, hf_cache = str(convert_gguf(gguf, cache_dir)), None
+    else:
+        path, hf_cache = _find_checkpoint(name_or_path, cache_dir), cache_dir
+    return path, dict(
+        cache_dir=hf_cache, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+
+
+def load_tokenizer(
+    name_or_path: str, *, gguf_file: str | None = None
+) -> tuple[PreTrainedTokenizerBase, int | None] | None:
+    """The tokenizer of the language model ``load_model`` would load, and the model's
+    context length (``max_position_embeddings``, what the inference engine holds), without
+    loading the weights; None for an environment policy."""
+    from streamrl.models.policies import POLICY_PRESETS, is_policy_dir
+
+    if name_or_path in POLICY_PRESETS or (
+        os.path.isdir(os.path.expanduser(name_or_path)) and is_policy_dir(name_or_path)
+    ):
+        return None
+    if name_or_path in TINY_PRESETS:
+        return build_char_tokenizer(), PRESET_CONTEXT
+    path, common = _checkpoint(name_or_path, gguf_file, None, False)
+    config = AutoConfig.from_pretrained(path, **common)
+    return AutoTokenizer.from_pretrained(path, **common), getattr(
+        config, "max_position_embeddings", None
+    )
 
 
 def load_model(

@@ -22,14 +22,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from streamrl.config_options import validate_options
+
 POLICY_PRESETS = ("mlp", "cnn")
+MAX_WIDTH = 1 << 16  # units of one hidden layer
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -197,19 +201,28 @@ class Policy(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+class PolicyOptions(BaseModel):
+    """The options of a policy preset (``model.options``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    hidden: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(
+        default_factory=lambda: [64, 64], description="Hidden layer sizes (mlp)."
+    )
+    obs_norm: bool = Field(False, description="Running observation normalisation.")
+    log_std: float = Field(0.0, description="Initial log standard deviation (Box actions).")
+
+
 def build_policy(name: str, observation_space: Any, action_space: Any, **options: Any) -> Policy:
-    """A fresh policy ``name`` ('mlp' or 'cnn') for these spaces; options: hidden,
-    obs_norm, log_std."""
+    """A fresh policy ``name`` ('mlp' or 'cnn') for these spaces; options: those of
+    :class:`PolicyOptions` (checked: an OptionsError names each bad one)."""
     if name not in POLICY_PRESETS:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_PRESETS)}")
-    unknown = sorted(set(options) - {"hidden", "obs_norm", "log_std"})
-    if unknown:
-        raise ValueError(f"policy {name!r}: unknown option(s) {unknown}")
     config = {
         "arch": name,
         "observation": space_spec(observation_space),
         "action": space_spec(action_space),
-        **options,
+        **validate_options(PolicyOptions, options, ("model", "options")),
     }
     return Policy(config)
 

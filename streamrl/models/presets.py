@@ -36,8 +36,10 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
+PRESET_CONTEXT = 256  # tokens (prompt + completion) every preset holds
+
 _COMMON: dict[str, Any] = dict(
-    max_position_embeddings=256,
+    max_position_embeddings=PRESET_CONTEXT,
     tie_word_embeddings=True,
     initializer_range=0.02,
     rms_norm_eps=1e-6,

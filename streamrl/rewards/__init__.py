@@ -33,6 +33,7 @@ from streamrl.rewards.registry import (
     get_reward,
     register_reward,
     reward_names,
+    reward_options,
 )
 from streamrl.rewards.reward_model import MicroBatcher, load_reward_model
 
@@ -61,4 +62,5 @@ __all__ = [
     "reasoning_gym",
     "register_reward",
     "reward_names",
+    "reward_options",
 ]

@@ -29,9 +29,12 @@ _NUMBER = re.compile(
 )
 # The default format: the whole completion is a single (signed) integer.
 INTEGER_PATTERN = r"\s*-?\d+\s*"
-# Answer tags anywhere in the completion.
-ANSWER_TAG_PATTERN = r"(?s).*<answer>.*?</answer>.*"
-_ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
+# Answer tags anywhere in the completion: up to the first "<answer>", up to the first
+# "</answer>" after it, then anything. (Written with tempered tokens, so a match costs
+# time linear in the completion; ".*<answer>.*?</answer>.*" backtracks quadratically on
+# a completion of many unclosed tags.)
+ANSWER_TAG_PATTERN = r"(?s)(?:(?!<answer>).)*<answer>(?:(?!</answer>).)*</answer>.*"
+_OPEN, _CLOSE = "<answer>", "</answer>"
 
 
 def _reference(item: Item) -> str:
@@ -131,8 +134,13 @@ def extract_answer(completion: str) -> str:
     >>> extract_answer("<think>hmm</think><answer> 42 </answer>"), extract_answer(" 42 ")
     ('42', '42')
     """
-    tags = _ANSWER_TAG.findall(completion)
-    return tags[-1] if tags else completion.strip()
+    last, pos = None, 0
+    while (start := completion.find(_OPEN, pos)) >= 0:  # (one pass: linear in the text)
+        end = completion.find(_CLOSE, start + len(_OPEN))
+        if end < 0:  # no tag after this one can close either
+            break
+        last, pos = completion[start + len(_OPEN) : end], end + len(_CLOSE)
+    return (last if last is not None else completion).strip()
 
 
 def reasoning_gym(completion: str, item: Item) -> float:

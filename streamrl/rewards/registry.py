@@ -27,10 +27,12 @@ import asyncio
 import functools
 import importlib
 import pickle
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from streamrl.config_options import validate_options
 from streamrl.data.mixture import item_domain
 from streamrl.rewards import functions, llm_judge, reward_model
 from streamrl.rewards.guard import Outcome, RewardGuard
@@ -57,7 +59,21 @@ _REWARDS: dict[str, Callable[..., float]] = {
 # every call) and, when ``load`` (thread isolation: the calls run in this process), loads
 # what the calls need, so that no guarded call is charged the loading (it could time out).
 Setup = Callable[[dict[str, Any], bool], None]
+
+
+def _compiles(options: dict[str, Any], load: bool) -> None:
+    """format_reward's pattern is a regular expression (not every call's failure)."""
+    pattern = options.get("pattern", functions.INTEGER_PATTERN)
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(
+            f"format_reward: pattern {pattern!r} is not a regular expression: {e}"
+        ) from None
+
+
 _SETUPS: dict[str, Setup] = {
+    "format_reward": _compiles,
     "reward_model": reward_model.setup,
     "llm_judge": llm_judge.setup,
 }
@@ -98,14 +114,32 @@ def reward_names() -> list[str]:
     return sorted(_REWARDS)
 
 
+def reward_options(
+    name: str,
+    options: dict[str, Any],
+    where: tuple[str, ...] = ("options",),
+    raw: dict[tuple[str, ...], str] | None = None,
+) -> dict[str, Any]:
+    """``options`` checked against the keyword parameters of the reward ``name`` (after
+    ``completion, item``) and converted to their annotated types; an
+    :class:`~streamrl.config_options.OptionsError` names ``where`` + key of each bad one.
+
+    >>> reward_options("numeric_match", {"tol": "0.5"})
+    {'tol': 0.5}
+    """
+    if name not in _REWARDS:
+        raise ValueError(f"unknown reward {name!r}; known: {', '.join(reward_names())}")
+    return validate_options(_REWARDS[name], options, where, skip=2, raw=raw)
+
+
 def get_reward(name: str, **options: Any) -> RewardFn:
-    """The reward registered as ``name``, with ``options`` bound as keyword arguments.
+    """The reward registered as ``name``, with ``options`` (checked) bound as keyword
+    arguments.
 
     >>> get_reward("format_reward", pattern=r"\\d+")("46", None)
     1.0
     """
-    if name not in _REWARDS:
-        raise ValueError(f"unknown reward {name!r}; known: {', '.join(reward_names())}")
+    options = reward_options(name, options)
     fn = _REWARDS[name]
     return functools.partial(fn, **options) if options else fn
 
@@ -188,6 +222,7 @@ class CompositeReward:
             options = (comp[2] if len(comp) >= 3 else None) or {}
             domains = _domains(comp[3] if len(comp) == 4 else None, comp)
             if isinstance(ref, str):
+                options = reward_options(ref, options)
                 fn, base = get_reward(ref, **options), ref
                 if ref in _IMPORTS:
                     preload.extend(_IMPORTS[ref])

@@ -22,7 +22,7 @@ from streamrl.algorithms.alol import reference_value
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
 from streamrl.config import Config
 from streamrl.data.files import prompt_key_of
-from streamrl.data.logged import load_completions
+from streamrl.data.logged import LoggedCompletion, load_completions
 from streamrl.stages.base import StageData, encode_logged, reference_logprobs, shuffled_epochs
 from streamrl.types import Batch, Trajectory
 
@@ -54,29 +54,43 @@ def advantage_batches(
         yield batch
 
 
+def prompt_indices(logged: list[LoggedCompletion]) -> list[int]:
+    """Each row's prompt, numbered in order of first appearance."""
+    prompts: dict[str, int] = {}
+    return [prompts.setdefault(prompt_key_of(row.item), len(prompts)) for row in logged]
+
+
+def positive_advantages(
+    logged: list[LoggedCompletion], baseline: str, path: str
+) -> tuple[torch.Tensor, list[int]]:
+    """(N,) advantages R - V(x) of the logged rows and the indices of the positive ones
+    (what A-LoL trains on); none positive is a ValueError (preflight checks it)."""
+    rewards = torch.tensor([row.reward for row in logged])
+    prompt_index = torch.tensor(prompt_indices(logged))
+    advantages = rewards - reference_value(rewards, prompt_index, baseline)  # (N,)
+    positive = (advantages > 0).nonzero().flatten().tolist()
+    if not positive:
+        raise ValueError(
+            f"alol.path={path}: no logged completion has a reward above its baseline "
+            f"(alol.baseline={baseline}), so A-LoL has nothing to train on"
+        )
+    return advantages, positive
+
+
 def build_alol_stage(cfg: Config, tokenizer: Any, trainer: Any, max_len: int | None) -> StageData:
     """The A-LoL stage's data (the positive-advantage rows), loss and reference."""
     a, path = cfg.alol, str(cfg.alol.path)
     logged = load_completions(path)
-    prompts: dict[str, int] = {}
     rows = []
-    for row in logged:
+    for row, prompt in zip(logged, prompt_indices(logged), strict=True):
         traj = encode_logged(
             tokenizer, row.item, row.completion, max_len=max_len, source=path, line=row.line,
             field="completion",
         )  # fmt: skip
         traj.reward = row.reward
-        traj.item_index = prompts.setdefault(prompt_key_of(row.item), len(prompts))
+        traj.item_index = prompt
         rows.append(traj)
-    rewards = torch.tensor([r.reward for r in rows])
-    prompt_index = torch.tensor([r.item_index for r in rows])
-    advantages = rewards - reference_value(rewards, prompt_index, a.baseline)  # (N,)
-    positive = (advantages > 0).nonzero().flatten().tolist()
-    if not positive:
-        raise ValueError(
-            f"alol.path={path}: no logged completion has a reward above its baseline "
-            f"(alol.baseline={a.baseline}), so A-LoL has nothing to train on"
-        )
+    advantages, positive = positive_advantages(logged, a.baseline, path)
     kept = [rows[i] for i in positive]
     max_tokens = max(t.num_generated for t in kept)
     reference = trainer.frozen_copy()
@@ -104,8 +118,8 @@ def build_alol_stage(cfg: Config, tokenizer: Any, trainer: Any, max_len: int | N
         reference=reference,
         summary={
             "rows": float(len(rows)),
-            "prompts": float(len(prompts)),
+            "prompts": float(len({r.item_index for r in rows})),
             "positive_rows": float(len(kept)),
-            "reward_mean": float(rewards.mean()),
+            "reward_mean": float(torch.tensor([r.reward for r in rows]).mean()),
         },
     )

@@ -12,7 +12,6 @@ positions). It is indexed once, when the tool is built.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,19 +29,14 @@ def load_corpus(corpus: Corpus) -> list[tuple[str, str]]:
     [('0', 'a b'), ('x', 'c d')]
     """
     if isinstance(corpus, str | Path):
-        path = Path(corpus)
+        from streamrl.data.files import jsonl_records  # (bounded rows, located errors)
+
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            read = list(jsonl_records(str(corpus)))
         except OSError as exc:
-            raise ValueError(f"search corpus {str(path)!r}: {exc.strerror or exc}") from None
-        records: list[Any] = []
-        for n, line in enumerate(lines, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        where = [f"{path}:{n}" for n, line in enumerate(lines, 1) if line.strip()]
+            raise ValueError(f"search corpus {str(corpus)!r}: {exc.strerror or exc}") from None
+        records: list[Any] = [record for _, _, record in read]
+        where = [f"{corpus}:{line}" for line, _, _ in read]
     else:
         records = list(corpus)
         where = [f"search corpus item {i}" for i in range(len(records))]
