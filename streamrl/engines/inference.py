@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,11 +45,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrl.engines import invariant
 from streamrl.engines.batching import StepEngine, stop_string_hit, stop_window
 from streamrl.engines.fused_layers import fused_away, supports_fused
 from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
 from streamrl.engines.sampling import (
+    check_params,
     context_key,
     counter_uniform,
     fold_tokens,
@@ -61,6 +64,7 @@ from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
 _U64 = (1 << 64) - 1
+_INTS = (int, np.integer)  # what a token id may be
 # drive() leaves cheaper steps to the engine's own thread (see drive): SmolLM2's decode
 # steps take ~80-150 ms on this CPU, the tiny main job's ~5 ms
 DRIVE_MIN_STEP_S = 0.02
@@ -75,6 +79,7 @@ class EngineStats:
     decode_steps: int = 0  # steps that decoded active slots (one forward per step)
     tokens_generated: int = 0  # tokens returned to callers
     requests_finished: int = 0
+    requests_failed: int = 0  # failed alone: bad parameters or tokens, NaN logits
     slot_refills: int = 0  # admissions into a slot that served an earlier request
     weight_updates: int = 0
     prefix_tokens_reused: int = 0  # prompt tokens whose KV was copied from another slot
@@ -127,6 +132,12 @@ class LocalEngine(StepEngine):
                     steps that prefill stay eager. It needs the
                     fused layers, and pays where a step is bound by per-op overhead
                     (small models; see ``benchmarks/results/engine.md``).
+    batch_invariant: a request's tokens and log-probs do not depend on what else the step
+                    batched with it, nor on when it arrived (``rollout.batch_invariant``;
+                    :mod:`streamrl.engines.invariant`): its products run on padded rows and
+                    its prompt's attention on the decode rows' kernel. The per-slot
+                    fallback (non-Llama models) computes every slot alone, so it is
+                    batch-invariant either way. Not with ``compile_decode``.
     """
 
     def __init__(
@@ -141,6 +152,7 @@ class LocalEngine(StepEngine):
         weights: EngineWeights = "float32",
         fuse_layers: bool | None = None,
         compile_decode: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
         if decode_slots < 1:
             raise ValueError(f"decode_slots must be >= 1, got {decode_slots}")
@@ -155,6 +167,7 @@ class LocalEngine(StepEngine):
         self.stats = EngineStats()
         self.fast_path = supports_fast_path(model, self.max_seq_len)
         self.compiled = compile_decode
+        self.batch_invariant = batch_invariant
         if fuse_layers is None:
             fuse_layers = self.device.type == "cpu"
         fuse = self.fast_path and fuse_layers and supports_fused(model)
@@ -162,6 +175,8 @@ class LocalEngine(StepEngine):
             raise ValueError(
                 f"compile_decode is built and measured for the CPU engine, not {self.device}"
             )
+        if compile_decode and batch_invariant:
+            raise ValueError("compile_decode cannot be batch-invariant (rollout.batch_invariant)")
         if compile_decode and not fuse:
             raise ValueError(
                 f"compile_decode needs the engine's fused Llama-family decoder layers; "
@@ -183,10 +198,11 @@ class LocalEngine(StepEngine):
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
                 model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed,
-                compile_decode=compile_decode,
+                compile_decode=compile_decode, batch_invariant=batch_invariant,
             )  # fmt: skip
         else:
             self.runner = HFCacheRunner(model, decode_slots, self.max_seq_len)
+        self._vocab = model.get_input_embeddings().num_embeddings  # valid token ids
         # hook called at every step boundary (tests, metrics); may call update_weights
         self.on_step: Callable[[LocalEngine], None] | None = None
 
@@ -230,13 +246,33 @@ class LocalEngine(StepEngine):
     def _enqueue(self, items: list[tuple[GenerationRequest, Callable[..., None]]]) -> None:
         seqs = []
         for req, on_done in items:
-            if not req.prompt_ids:
-                raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
-            if req.params.stop and self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer: LocalEngine(model, tokenizer)")
+            try:
+                self._check_request(req)
+            except (ValueError, TypeError) as exc:  # this request fails, alone
+                self.stats.requests_failed += 1
+                on_done(exc)
+                continue
             seqs.append(_Seq(req, on_done, stop_window=stop_window(req.params.stop)))
         with self._queue_lock:
             self._pending.extend(seqs)
+
+    def _check_request(self, req: GenerationRequest) -> None:
+        """Raises ValueError for a request the engine cannot serve (its tokens, its
+        sampling parameters): checked before it joins a batch, whose forward it would fail
+        for everyone."""
+        if not req.prompt_ids:
+            raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
+        vocab = self._vocab
+        for name, ids in (("prompt_ids", req.prompt_ids), ("forced_ids", req.forced_ids or [])):
+            bad = next((t for t in ids if not isinstance(t, _INTS) or not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name} holds {bad!r}: token ids are integers in [0, {vocab})")
+        p = req.params
+        check_params(p.temperature, p.top_k, p.top_p)
+        if not isinstance(p.max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an integer, got {p.max_new_tokens!r}")
+        if p.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: LocalEngine(model, tokenizer)")
 
     def _has_work(self) -> bool:
         return bool(self._pending) or any(s is not None for s in self._slots)
@@ -310,29 +346,33 @@ class LocalEngine(StepEngine):
         self.stats.weight_updates += 1
 
     def _forward_and_sample(self) -> None:
-        """Decodes every active slot and prefills newly admitted requests in one forward."""
+        """Decodes every active slot and prefills newly admitted requests in one forward.
+
+        A failure of the forward fails every request in it (``_step``); one that belongs
+        to a request (its sampling, its forced tokens, its stop strings) fails that
+        request alone, and the others go on as if it had not been there."""
         decoding = [q for q in self._slots if q is not None]  # ascending slot order
         admitted = self._admit()
         if not decoding and not admitted:
             return
         seqs = decoding + admitted
         slots = [q.slot for q in seqs]
-        slot_t = torch.tensor(slots, device=self.device)
-        raw = all(self._raw[s] for s in slots)  # sampling from softmax(logits) or greedy
         self.stats.decode_steps += bool(decoding)
+        drawn = None  # (tokens, log-probs) drawn inside the compiled graph
         if self.compiled and not admitted:  # one graph from the step plan to drawn tokens
             logits, tokens, token_lp = self.runner.decode_all(  # type: ignore[union-attr]
                 self._next_tok, self._noise(slice(None)), self._greedy_cpu
             )  # every slot's rows: keep the decoding ones'
             if len(slots) < self.decode_slots:
+                slot_t = torch.tensor(slots, device=self.device)
                 logits, tokens, token_lp = logits[slot_t], tokens[slot_t], token_lp[slot_t]
-            drawn = raw  # the graph's draw is the one for raw rows
+            if all(self._raw[s] for s in slots):  # the graph's draw is the one for raw rows
+                drawn = (tokens, token_lp)
         else:
             prefills = self._plan_prefills(decoding, admitted)
             logits = self.runner.step(
                 [q.slot for q in decoding], self._next_tok, prefills
             )  # (len(seqs) + scored rows, V)
-            drawn = False
             if admitted:
                 self.stats.prefill_steps += 1
                 self.stats.prefill_tokens += sum(len(f.prompt) - f.shared for f in prefills)
@@ -340,26 +380,86 @@ class LocalEngine(StepEngine):
             if len(logits) > len(seqs):  # forced tokens scored in their prefill
                 self._record_scored(admitted, logits[len(seqs) :])
                 logits = logits[: len(seqs)]
+                live = [i for i, q in enumerate(seqs) if self._slots[q.slot] is q]
+                if len(live) < len(seqs):  # some failed scoring their forced tokens
+                    seqs, slots = [seqs[i] for i in live], [slots[i] for i in live]
+                    logits = logits[torch.tensor(live, device=self.device)]
+        tokens_l, lps, failed = self._draw_isolated(seqs, logits, drawn)
+        for i, exc in failed.items():
+            self._fail(seqs[i], exc)
+        ok = [i for i, q in enumerate(seqs) if i not in failed and self._slots[q.slot] is q]
+        if not ok:
+            return
+        slots = [slots[i] for i in ok]
+        drawn_ids = [tokens_l[i] for i in ok]
+        self._next_tok[torch.tensor(slots, device=self.device)] = torch.tensor(
+            drawn_ids, device=self.device
+        )
+        self._count[slots] += np.uint64(1)
+        folding = self._stratified[slots]
+        if folding.any():
+            at = np.asarray(slots)[folding]
+            self._seed[at] = fold_tokens(self._seed[at], np.asarray(drawn_ids)[folding])
+        for i, tok in zip(ok, drawn_ids, strict=True):
+            self._record(seqs[i], tok, lps[i])
+
+    def _draw_isolated(
+        self,
+        seqs: list[_Seq],
+        logits: torch.Tensor,
+        drawn: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[list[int], list[float], dict[int, Exception]]:
+        """Each row's token and log-prob (:meth:`_draw`), and the rows that failed, by
+        index. A failing batch is drawn again row by row, which gives every other row
+        the same token and log-prob (a row's draw depends on that row alone,
+        ``tests/test_sampling.py``), so only the rows that fail alone fail. A NaN
+        log-prob (NaN logits) fails its row too."""
+        try:
+            tokens, lps = self._draw(seqs, logits, drawn)
+            out_t, out_lp, failed = tokens.tolist(), lps.tolist(), {}
+        except Exception:
+            out_t, out_lp, failed = [0] * len(seqs), [math.nan] * len(seqs), {}
+            for i, q in enumerate(seqs):
+                row = None if drawn is None else (drawn[0][i : i + 1], drawn[1][i : i + 1])
+                try:
+                    tokens, lps = self._draw([q], logits[i : i + 1], row)
+                    out_t[i], out_lp[i] = int(tokens[0]), float(lps[0])
+                except Exception as exc:
+                    failed[i] = exc
+        for i, lp in enumerate(out_lp):
+            if math.isnan(lp) and i not in failed:
+                failed[i] = FloatingPointError(
+                    f"the model's logits for this request are not finite (token {len(seqs[i].token_ids)})"
+                )
+        return out_t, out_lp, failed
+
+    def _draw(
+        self,
+        seqs: list[_Seq],
+        logits: torch.Tensor,
+        drawn: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of each of ``seqs`` (one row of ``logits`` each) and its log-prob:
+        sampled under the row's temperature, top-k and top-p (``drawn``: already sampled
+        from raw logits), or the given token of a teacher-forced request."""
+        slots = [q.slot for q in seqs]
+        raw = all(self._raw[s] for s in slots)  # sampling from softmax(logits) or greedy
         # per-row sampling state gathered by slot (tiny tensors, one index op each)
         scores = logits if raw else self._sampling_scores(logits, slots)
-        if not drawn:
-            noise = self._noise(slots)
-            tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
+        if drawn is None:
+            tokens, token_lp = sample(scores, self._greedy_cpu[slots], self._noise(slots))
+        else:
+            tokens, token_lp = drawn
+        if self.batch_invariant:  # the trainer's formula: equal logits, equal log-probs
+            token_lp = invariant.token_logprobs(scores, tokens)[0]
         forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
         if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
             rows = torch.tensor(forced, device=self.device)
             want = [seqs[i].request.forced_ids[len(seqs[i].token_ids)] for i in forced]  # type: ignore[index]
             want_t, lp = self._forced_logprobs(scores[rows], want)
+            tokens, token_lp = tokens.clone(), token_lp.clone()
             tokens[rows], token_lp[rows] = want_t, lp.to(token_lp.dtype)
-        self._next_tok[slot_t] = tokens
-        self._count[slots] += np.uint64(1)
-        drawn_ids = tokens.tolist()
-        folding = self._stratified[slots]
-        if folding.any():
-            at = np.asarray(slots)[folding]
-            self._seed[at] = fold_tokens(self._seed[at], np.asarray(drawn_ids)[folding])
-        for q, tok, lp in zip(seqs, drawn_ids, token_lp.tolist(), strict=True):
-            self._record(q, tok, lp)
+        return tokens, token_lp
 
     def _noise(self, slots: list[int] | slice) -> torch.Tensor:
         """The uniform of each slot's next token (GenerationRequest.stratum shifts it)."""
@@ -369,16 +469,34 @@ class LocalEngine(StepEngine):
     def _record_scored(self, admitted: list[_Seq], logits: torch.Tensor) -> None:
         """Records the forced tokens scored in their prefill (``logits``: one row per
         token, in admission order), before the step takes each one's last forced token
-        from its last prompt row as usual."""
+        from its last prompt row as usual. A request whose scoring fails alone (see
+        :meth:`_draw_isolated`) fails, and the others are recorded."""
         scored = [q for q in admitted if q.scored]
+        try:
+            lps = self._scored_logprobs(scored, logits)
+        except Exception:
+            lps, start = [], 0
+            for q in scored:
+                try:
+                    lps += self._scored_logprobs([q], logits[start : start + q.scored])
+                except Exception as exc:
+                    lps += [math.nan] * q.scored
+                    self._fail(q, exc)
+                start += q.scored
+        at = iter(lps)
+        for q in scored:
+            for tok in q.request.forced_ids[: q.scored]:  # type: ignore[index]
+                lp = next(at)
+                if self._slots[q.slot] is q:  # not failed
+                    self._record(q, tok, lp)  # never the last: no release here
+
+    def _scored_logprobs(self, scored: list[_Seq], logits: torch.Tensor) -> list[float]:
+        """The log-probs of ``scored``'s forced tokens from their rows of ``logits``."""
         slots = [q.slot for q in scored for _ in range(q.scored)]
         if not all(self._raw[s] for s in slots):
             logits = self._sampling_scores(logits, slots)
         want = [t for q in scored for t in q.request.forced_ids[: q.scored]]  # type: ignore[index]
-        lps = iter(self._forced_logprobs(logits, want)[1].tolist())
-        for q in scored:
-            for tok in q.request.forced_ids[: q.scored]:  # type: ignore[index]
-                self._record(q, tok, next(lps))  # never the last: no release here
+        return self._forced_logprobs(logits, want)[1].tolist()
 
     def _sampling_scores(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """Each row's logits under its slot's temperature, top-k and top-p."""
@@ -390,6 +508,8 @@ class LocalEngine(StepEngine):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The given tokens (one per row of ``scores``) and their log-probs."""
         want_t = torch.tensor(want, device=self.device)
+        if self.batch_invariant:  # the trainer's formula, as for sampled tokens
+            return want_t, invariant.token_logprobs(scores.float(), want_t)[0]
         return want_t, torch.log_softmax(scores.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
 
     def _scored_in_prefill(self, q: _Seq) -> int:
@@ -473,7 +593,12 @@ class LocalEngine(StepEngine):
         q.versions.append(self.version)
         self.stats.tokens_generated += 1
         p = q.request.params
-        if token in p.stop_token_ids or (q.stop_window and self._hit_stop_string(q)):
+        try:  # decoding this request's tokens may fail: it fails alone
+            stop = token in p.stop_token_ids or bool(q.stop_window and self._hit_stop_string(q))
+        except Exception as exc:
+            self._fail(q, exc)
+            return
+        if stop:
             self._release(q, "stop")
         elif (
             len(q.token_ids) >= p.max_new_tokens
@@ -492,6 +617,15 @@ class LocalEngine(StepEngine):
         self._slots[s] = None
         heapq.heappush(self._free, s)
         self._finish(q, reason)
+
+    def _fail(self, q: _Seq, exc: BaseException) -> None:
+        """Fails ``q`` alone: its slot is freed and its caller gets ``exc``."""
+        if q.slot >= 0 and self._slots[q.slot] is q:
+            self.runner.release(q.slot)
+            self._slots[q.slot] = None
+            heapq.heappush(self._free, q.slot)
+        self.stats.requests_failed += 1
+        q.on_done(exc)
 
     def _finish(self, q: _Seq, reason: str) -> None:
         self.stats.requests_finished += 1

@@ -46,6 +46,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from streamrl.engines import invariant
 from streamrl.engines.fused_layers import FusedDecoder
 from streamrl.engines.sampling import sample
 
@@ -80,15 +81,26 @@ def slot_attention(
     slot_cache: SlotKVCache | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention for engine steps; plain sdpa for any other forward of the model.
+    """Attention for engine steps; for any other forward of the model (a trainer or an
+    evaluation sharing the model object), the attention it had before an engine took it
+    (:data:`OUTSIDE_STEPS`): the batch-invariant trainer's, or plain sdpa.
 
     query: (1, H, T, D), key/value: (1, H_kv, T, D) -> output (1, T, H, D).
     """
     if slot_cache is None:  # training / reference forwards of the same model object
+        if getattr(module, OUTSIDE_STEPS, None) == invariant.ATTN_IMPL:
+            return invariant.sequence_attention(
+                module, query, key, value, attention_mask, scaling=scaling, **kwargs
+            )
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     return slot_cache.attend(module.layer_idx, query, key, value, scaling), None
+
+
+# attribute of an attention module: the implementation its model had before an engine set
+# its own (a module attribute, so the saved config never holds it)
+OUTSIDE_STEPS = "_streamrl_outside_steps"
 
 
 # Not cuDNN's attention: on CUDA it is what sdpa picks for bf16 with a mask, and it costs
@@ -123,6 +135,7 @@ class SlotKVCache:
         max_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        batch_invariant: bool = False,
     ) -> None:
         self.num_slots, self.kv_heads, self.head_dim = num_slots, kv_heads, head_dim
         self.num_layers, self.max_len = num_layers, max_len
@@ -136,8 +149,11 @@ class SlotKVCache:
         # (slot, token offset, prompt length, source slot, shared prefix length)
         self.prefills: list[tuple[int, int, int, int, int]] = []
         self.prefix_masks: list[torch.Tensor | None] = []  # (t_new, P) bool, when shared
+        # batch-invariant attention (streamrl.engines.invariant): decode and prefill rows
+        # alike, over a multiple of invariant.KEYS keys (the capacity is one)
+        self.invariant = batch_invariant
         # decode attention by batched matmuls on CPU (measured faster there), sdpa elsewhere
-        self.decode_bmm = self.device.type == "cpu"
+        self.decode_bmm = self.device.type == "cpu" or batch_invariant
         self.mask_bmm: torch.Tensor | None = None  # (n * H_kv, 1, kv_len), with decode_bmm
 
     def _decode_bmm(
@@ -163,6 +179,8 @@ class SlotKVCache:
         if length <= self.capacity:
             return False
         new = min(self.max_len, max(length, 2 * self.capacity, 64))
+        if self.invariant:  # attention runs over whole key blocks
+            new = invariant.round_up(max(new, length), invariant.KEYS)
         shape = (self.num_slots, self.kv_heads, new, self.head_dim)
         for store in (self.keys, self.values):
             for i in range(self.num_layers):
@@ -182,7 +200,8 @@ class SlotKVCache:
         _, h, t, d = q.shape
         kvh = k.shape[1]
         kbuf, vbuf = self.keys[layer], self.values[layer]
-        out = q.new_empty((t, h, d))
+        # batch-invariant steps pad the token axis: the padding rows' outputs are zeros
+        out = q.new_zeros((t, h, d)) if self.invariant else q.new_empty((t, h, d))
         n = self.n
         if n:
             # decode writes go first: a slot admitted this step may sit inside [0:n]
@@ -199,11 +218,16 @@ class SlotKVCache:
             keys, vals = kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len]  # views, no copy
             # grouped-query: fold the query heads of one kv head into the query axis
             qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
-            if self.decode_bmm:
+            if self.invariant:
+                o = invariant.attention(
+                    qd.flatten(0, 1), keys.flatten(0, 1), vals.flatten(0, 1), self.mask_bmm,
+                    d**-0.5 if scale is None else scale,
+                )  # fmt: skip
+            elif self.decode_bmm:
                 o = self._decode_bmm(qd, keys, vals, scale)
             else:
                 o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=self.mask, scale=scale)
-            if not self.prefills:  # pure decode step: no staging buffer needed
+            if not self.prefills and t == n:  # pure decode step: no staging buffer needed
                 return o.reshape(1, n, h, d)
             out[:n] = o.reshape(n, h, d)
         for (slot, off, p, src, shared), mask in zip(self.prefills, self.prefix_masks, strict=True):
@@ -214,6 +238,11 @@ class SlotKVCache:
                 vbuf[slot, :, :shared] = vbuf[src, :, :shared]
             kbuf[slot, :, shared:p] = ks[0]
             vbuf[slot, :, shared:p] = vs[0]
+            if self.invariant:
+                out[off : off + t_new] = self._invariant_prefill(
+                    kbuf[slot], vbuf[slot], q[0, :, off : off + t_new], mask, scale
+                )
+                continue
             qs = q[:, :, off : off + t_new]
             gqa = kvh != h
             if shared:  # causal, aligned to the end: query i sees keys [0, shared + i]
@@ -227,6 +256,29 @@ class SlotKVCache:
                 )
             out[off : off + t_new] = o[0].transpose(0, 1)  # (t_new, H, D)
         return out[None]
+
+    def _invariant_prefill(
+        self,
+        kbuf: torch.Tensor,
+        vbuf: torch.Tensor,
+        q: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float | None,
+    ) -> torch.Tensor:
+        """A prompt's attention by the decode rows' kernel (:func:`invariant.attention`):
+        its rows compute what they would decoding, whatever prefix was shared.
+
+        kbuf, vbuf: (H_kv, C, D) the slot's buffers, already holding the prompt's keys;
+        q: (H, t_new, D) the queries of the positions computed; mask: their
+        :func:`invariant.causal_mask` (1, M, L); returns (t_new, H, D)"""
+        h, t_new, d = q.shape
+        kvh, length = kbuf.shape[0], mask.shape[-1]
+        # the query heads of kv head j are j * rep .. j * rep + rep - 1
+        o = invariant.attention(
+            q.reshape(kvh, h // kvh * t_new, d), kbuf[:, :length], vbuf[:, :length], mask,
+            d**-0.5 if scale is None else scale,
+        )  # fmt: skip
+        return o.reshape(h, t_new, d).transpose(0, 1)
 
 
 def supports_fast_path(model: torch.nn.Module, max_seq_len: int) -> bool:
@@ -271,21 +323,36 @@ class LlamaSlotRunner:
         fuse: bool = False,
         packed: str = "",  # the engine weights' packing, "" for plain fp32
         compile_decode: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
-        _set_attn_impl(model, ATTN_IMPL)
+        if compile_decode and batch_invariant:
+            raise ValueError(
+                "compile_decode cannot be batch-invariant: its graphs reduce in their own order"
+            )
+        before = getattr(model.config, "_attn_implementation", None)
+        for layer in model.model.layers:  # other forwards of this model keep their attention
+            if before != ATTN_IMPL:
+                setattr(layer.self_attn, OUTSIDE_STEPS, before)
+        set_attn_impl(model, ATTN_IMPL)
         inner, cfg = model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.layers = list(inner.layers[: cfg.num_hidden_layers])
         self.lm_head = model.lm_head
         # fuse: the caller checked supports_fused (LocalEngine decides, and packs to match)
         self.fused = FusedDecoder(model, packed) if fuse else None
+        if self.fused is not None:
+            self.fused.rope_as_model = batch_invariant
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.heads_per_kv = cfg.num_attention_heads // kv_heads
+        # batch-invariant numerics (streamrl.engines.invariant): padded rows and keys
+        self.invariant = batch_invariant
         self.cache = SlotKVCache(
-            len(self.layers), num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
-        )
+            len(self.layers), num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device,
+            batch_invariant,
+        )  # fmt: skip
         self.neg = torch.finfo(self.dtype).min
         self.mask = torch.empty((num_slots, 1, 1, 0), dtype=self.dtype, device=self.device)
         self.lens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
@@ -389,6 +456,8 @@ class LlamaSlotRunner:
     ) -> torch.Tensor:
         """float32 next-token logits (len(rows), V) of the flat tokens' ``rows`` (all: None)."""
         h = self._hidden(ids, pos)
+        if rows is not None and self.invariant:  # the head on a multiple of ROWS rows
+            return self.lm_head(self.norm(h[invariant.pad_rows(rows)]))[: len(rows)].float()
         return self.lm_head(self.norm(h if rows is None else h[rows])).float()
 
     def _hidden(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -409,8 +478,10 @@ class LlamaSlotRunner:
         return h[0]
 
     def _kv_len(self, n: int) -> int:
-        """Keys decode rows [0:n] attend over: the longest active length, plus the new one."""
-        return max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+        """Keys decode rows [0:n] attend over: the longest active length, plus the new one
+        (batch-invariant: rounded up to whole key blocks)."""
+        kv_len = max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+        return invariant.round_up(kv_len, invariant.KEYS) if self.invariant else kv_len
 
     def _layout(
         self, n: int, tokens: torch.Tensor, prefills: list[Prefill]
@@ -432,14 +503,26 @@ class LlamaSlotRunner:
             if shared > p - 1 - f.scored:
                 raise ValueError(f"a scored prefill shares {shared} of its {p} tokens")
             c.prefills.append((f.slot, off, p, f.source, shared))
-            mask = torch.ones((p - shared, p), dtype=torch.bool).tril(shared) if shared else None
-            c.prefix_masks.append(None if mask is None else mask.to(self.device))
+            if self.invariant:  # the same for every layer: built once a step
+                rep = self.heads_per_kv
+                c.prefix_masks.append(
+                    invariant.causal_mask(shared, p - shared, rep, self.dtype, self.device)
+                )
+            elif shared:
+                mask = torch.ones((p - shared, p), dtype=torch.bool).tril(shared)
+                c.prefix_masks.append(mask.to(self.device))
+            else:
+                c.prefix_masks.append(None)
             flat_ids += f.prompt[shared:]
             flat_pos += range(shared, p)
             off += p - shared
             last.append(off - 1)
             scored += range(off - 1 - f.scored, off - 1)
-        if prefills:
+        if self.invariant:  # every product on a multiple of ROWS rows: pad with token 0
+            pad = invariant.round_up(off, invariant.ROWS) - off
+            flat_ids += [0] * pad
+            flat_pos += [0] * pad
+        if flat_ids:
             ids.append(torch.tensor(flat_ids, dtype=torch.long).to(self.device))
             pos.append(torch.tensor(flat_pos, dtype=torch.long).to(self.device))
         return torch.cat(ids)[None], torch.cat(pos)[None], last, scored
@@ -563,7 +646,7 @@ class HFCacheRunner:
         self.caches[slot] = None
 
 
-def _set_attn_impl(model: torch.nn.Module, name: str) -> None:
+def set_attn_impl(model: torch.nn.Module, name: str) -> None:
     try:
         model.set_attn_implementation(name)
     except (AttributeError, ValueError, ImportError):

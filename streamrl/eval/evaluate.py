@@ -155,11 +155,16 @@ def evaluate_model(
     *,
     device: str = "cpu",
     decode_slots: int = 64,
+    batch_invariant: bool = False,
     **kwargs: Any,
 ) -> EvalResult:
-    """:func:`evaluate` on a fresh engine over ``model`` (left in the mode it was in)."""
+    """:func:`evaluate` on a fresh engine over ``model`` (left in the mode it was in);
+    ``batch_invariant``: the engine's (``rollout.batch_invariant``), so that a multi-turn
+    episode's later turns, which join the batch by timing, are exact too."""
     was_training = model.training
-    engine = make_inference_engine(model, tokenizer, decode_slots=decode_slots, device=device)
+    engine = make_inference_engine(
+        model, tokenizer, decode_slots=decode_slots, device=device, batch_invariant=batch_invariant
+    )
     try:
         return evaluate(engine, episode, items, correct_reward, **kwargs)
     finally:

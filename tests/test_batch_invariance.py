@@ -1,0 +1,156 @@
+"""Batch invariance (LocalEngine(batch_invariant=True), rollout.batch_invariant): a
+request's tokens and log-probs are the same, bit for bit, alone and batched with random
+others that arrive at random steps, with every sampling option, forced tokens, shared
+prompts, slot refills, any thread count and a CPU hog beside it."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from streamrl.engines import invariant
+from streamrl.engines.inference import LocalEngine
+from streamrl.models import load_model_and_tokenizer
+from streamrl.types import GenerationRequest, GenerationResult, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model_and_tokenizer("tiny", seed=0)[0]
+
+
+def smollm2_shaped() -> LlamaForCausalLM:
+    """Two random layers of SmolLM2-135M's shape (width 576, 9 query and 3 kv heads of 64,
+    MLP 1536, a 49,152-token vocabulary)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg).eval()
+
+
+def random_requests(rng: random.Random, vocab: int, n: int) -> list[GenerationRequest]:
+    """Groups sharing a prompt, every sampling option, stop tokens and forced tokens."""
+    out: list[GenerationRequest] = []
+    while len(out) < n:
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        for _ in range(rng.choice([1, 1, 3])):  # a group shares its prompt's KV
+            temperature = rng.choice([0.0, 1.0, 1.0, 0.7, 1.6])
+            params = SamplingParams(
+                temperature=temperature,
+                top_k=rng.choice([0, 0, 5]),
+                top_p=rng.choice([1.0, 1.0, 0.8]),
+                max_new_tokens=rng.randint(1, 24),
+                stop_token_ids=rng.sample(range(vocab), 3) if rng.random() < 0.3 else [],
+            )
+            forced = None
+            if rng.random() < 0.15:  # scoring a known continuation
+                forced = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
+            out.append(GenerationRequest(prompt, params, rng.randrange(1 << 40), forced))
+    return out[:n]
+
+
+def run_arriving(engine: LocalEngine, arrivals: list[tuple[int, GenerationRequest]]):
+    """Each request joins the engine's queue before step ``at``; returns the results."""
+    results: list[GenerationResult | None] = [None] * len(arrivals)
+    step = 0
+    while any(r is None for r in results):
+        for i, (at, req) in enumerate(arrivals):
+            if at == step:
+                engine._enqueue([(req, lambda res, i=i: results.__setitem__(i, res))])
+        engine._step()
+        step += 1
+    assert all(isinstance(r, GenerationResult) for r in results), results
+    return results
+
+
+def assert_same(a: GenerationResult, b: GenerationResult) -> None:
+    assert a.token_ids == b.token_ids
+    assert a.finish_reason == b.finish_reason
+    assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))  # bit for bit
+
+
+def check_invariance(model, seed: int, n: int, **engine_kw) -> LocalEngine:
+    rng = random.Random(seed)
+    vocab = model.config.vocab_size
+    reqs = random_requests(rng, vocab, n)
+    alone = LocalEngine(model, decode_slots=2, batch_invariant=True, **engine_kw)
+    solo = [alone.generate([r])[0] for r in reqs]  # one at a time (over stale slots)
+    engine = LocalEngine(
+        model, decode_slots=rng.randint(3, 8), batch_invariant=True, **engine_kw
+    )  # fewer slots than requests: refills
+    arrivals = [(rng.randint(0, 12), r) for r in reqs]
+    batched = run_arriving(engine, arrivals)
+    for a, b in zip(solo, batched, strict=True):
+        assert_same(a, b)
+    assert engine.stats.slot_refills > 0 and engine.stats.prefix_tokens_reused > 0
+    return engine
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_alone_and_batched_at_random_arrivals_are_bit_identical(tiny, seed):
+    check_invariance(tiny, seed, n=14)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"fuse_layers": False}, {"weights": "onednn"}, {"weights": "float16"}],
+    ids=["model-layers", "onednn", "float16"],
+)
+def test_every_engine_variant_is_batch_invariant(tiny, kw):
+    check_invariance(tiny, 3, n=10, **kw)
+
+
+def test_smollm2_shaped_layers_are_batch_invariant():
+    check_invariance(smollm2_shaped(), 4, n=6)
+
+
+def test_two_threads_and_a_cpu_hog_change_nothing(tiny):
+    """At two torch threads, with a busy loop on a core beside the engine: alone and
+    batched still agree (the numbers depend on the thread count, never on timing)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        check_invariance(tiny, 5, n=10)
+    finally:
+        torch.set_num_threads(before)
+        hog.kill()
+        hog.wait()
+
+
+def test_without_it_batching_changes_the_logprobs(tiny):
+    """The check above can fail: the default numerics differ alone and batched."""
+    rng = random.Random(6)
+    reqs = random_requests(rng, tiny.config.vocab_size, 10)
+    solo = [LocalEngine(tiny, decode_slots=2).generate([r])[0] for r in reqs]
+    batched = LocalEngine(tiny, decode_slots=6).generate(reqs)
+    assert any(a.logprobs != b.logprobs for a, b in zip(solo, batched, strict=True))
+
+
+def test_padding_rows_keep_every_row_as_it_is_alone():
+    """The padding discipline itself: a row of a linear layer and of attention is the
+    same in calls of any row count (1 to 40) and any number of masked keys."""
+    g = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(64, 101)
+    x = torch.randn(40, 64, generator=g)
+    ref = layer(invariant.pad_rows(x))[:40]
+    for m in range(1, 41):
+        assert torch.equal(layer(invariant.pad_rows(x[:m]))[:m], ref[:m])
+    q, keys = torch.randn(6, 3, 32, generator=g), torch.randn(6, 64, 32, generator=g)
+    vals = torch.randn(6, 64, 32, generator=g)
+    neg = torch.finfo(torch.float32).min
+    mask = torch.where(torch.arange(64) < 9, 0.0, neg)[None, None]
+    ref = invariant.attention(q, keys, vals, mask, 0.2)
+    for length in (16, 32, 48):
+        short = keys[:2, :length], vals[:2, :length], mask[..., :length]
+        assert torch.equal(invariant.attention(q[:2], *short, 0.2), ref[:2])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        invariant.attention(q, keys[:, :20], vals[:, :20], mask[..., :20], 0.2)
