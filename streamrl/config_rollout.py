@@ -109,10 +109,11 @@ class RolloutConfig(_Section):
         description="Built-in engine: a request's tokens and log-probs do not depend on what "
         "else a step batched with it or when it arrived (every matrix product on a multiple "
         "of 16 rows, attention over whole blocks of 16 keys; docs/reliability.md), so "
-        "stream.max_staleness=0 is bit-exact with dynamic sampling and refills. Costs "
-        "~0.9x engine tok/s on the tiny model, ~0.8x on SmolLM2 "
-        "(benchmarks/bench_batch_invariance.py). 'auto': on at stream.max_staleness=0, "
-        "off otherwise. Not with rollout.compile or rollout.engine=vllm.",
+        "stream.max_staleness=0 is bit-exact with dynamic sampling and refills, and the "
+        "trainer computes the same numbers (mismatch/kl = 0). Costs ~0.85-0.9x engine "
+        "tok/s (benchmarks/bench_batch_invariance.py). 'auto': on at "
+        "stream.max_staleness=0, off otherwise. Not with rollout.compile or "
+        "rollout.engine=vllm.",
     )
     max_consecutive_failures: int = Field(
         100,

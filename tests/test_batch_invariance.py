@@ -5,6 +5,8 @@ prompts, slot refills, any thread count and a CPU hog beside it."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
 import subprocess
 import sys
@@ -13,10 +15,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from streamrl.algorithms import build_algorithm
+from streamrl.config import load_config
 from streamrl.engines import invariant
 from streamrl.engines.inference import LocalEngine
+from streamrl.episodes import build_episode
+from streamrl.messages import GroupDone, GroupRejected
 from streamrl.models import load_model_and_tokenizer
-from streamrl.types import GenerationRequest, GenerationResult, SamplingParams
+from streamrl.rewards import build_reward
+from streamrl.rollout import rollout_group
+from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -112,18 +120,20 @@ def test_smollm2_shaped_layers_are_batch_invariant():
     check_invariance(smollm2_shaped(), 4, n=6)
 
 
-def test_two_threads_and_a_cpu_hog_change_nothing(tiny):
-    """At two torch threads, with a busy loop on a core beside the engine: alone and
+@pytest.mark.parametrize("threads, hog", [(2, False), (1, True)], ids=["2-threads", "cpu-hog"])
+def test_thread_count_and_a_cpu_hog_change_nothing(tiny, threads, hog):
+    """At two torch threads, or with a busy loop beside the engine on the cores: alone and
     batched still agree (the numbers depend on the thread count, never on timing)."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(2)
-        check_invariance(tiny, 5, n=10)
+        torch.set_num_threads(threads)
+        check_invariance(tiny, 5, n=8)
     finally:
         torch.set_num_threads(before)
-        hog.kill()
-        hog.wait()
+        if busy is not None:
+            busy.kill()
+            busy.wait()
 
 
 def test_without_it_batching_changes_the_logprobs(tiny):
@@ -154,3 +164,38 @@ def test_padding_rows_keep_every_row_as_it_is_alone():
         assert torch.equal(invariant.attention(q[:2], *short, 0.2), ref[:2])
     with pytest.raises(ValueError, match="multiple of 16"):
         invariant.attention(q, keys[:, :20], vals[:, :20], mask[..., :20], 0.2)
+
+
+def test_a_failing_request_fails_its_group_alone_as_a_counted_failure():
+    """Two groups share one batch-invariant engine; one group's requests cannot be served
+    (a NaN temperature): it is reported failed (episode_error), and the other group comes
+    out as it does alone."""
+    cfg = load_config(None, ["model.name_or_path=tiny-small"])
+    model, tok = load_model_and_tokenizer("tiny-small", seed=0)
+    algorithm = build_algorithm(cfg)
+    algorithm.finish_group = lambda samples, extras: samples  # keep equal-reward groups
+    good = build_episode(cfg, tok, build_reward(cfg.reward))
+    bad = dataclasses.replace(good, sampling=SamplingParams(temperature=float("nan")))
+    a, b = (
+        Item(id="a", prompt="1+2=", answer="3", index=0),
+        Item(id="b", prompt="3+4=", answer="7", index=1),
+    )
+
+    def run(*groups):
+        engine = LocalEngine(model, tok, decode_slots=8, batch_invariant=True)
+
+        async def main():
+            return await asyncio.gather(
+                *(rollout_group(engine, ep, algorithm, item, 4, 0) for ep, item in groups)
+            )
+
+        return asyncio.run(main())
+
+    done, failed = run((good, a), (bad, b))
+    (alone,) = run((good, a))
+    assert isinstance(failed, GroupRejected) and failed.outcome == "failed"
+    assert failed.reason == "episode_error:ValueError" and "temperature" in failed.detail
+    assert isinstance(done, GroupDone) and isinstance(alone, GroupDone)
+    for x, y in zip(done.trajectories, alone.trajectories, strict=True):
+        assert torch.equal(x.input_ids, y.input_ids)
+        assert torch.equal(x.behavior_logprobs, y.behavior_logprobs)
