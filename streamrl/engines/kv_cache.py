@@ -415,11 +415,14 @@ class LlamaSlotRunner:
         """
         n = decode_slots[-1] + 1 if decode_slots else 0
         ids, pos, last, scored = self._layout(n, tokens, prefills)
-        rows = torch.tensor(decode_slots + last + scored, device=self.device)
+        sampled = decode_slots + last + scored
+        if self.invariant:  # the head on a multiple of ROWS rows (row 0 again)
+            sampled += [0] * (invariant.round_up(len(sampled), invariant.ROWS) - len(sampled))
+        rows = torch.tensor(sampled, device=self.device)
         with self._sdpa():  # the head on the sampled rows only
             logits = self._logits(ids, pos, rows)
         self._advance(n, prefills)
-        return logits
+        return logits[: len(decode_slots) + len(last) + len(scored)]
 
     def decode_all(
         self, tokens: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
@@ -456,8 +459,6 @@ class LlamaSlotRunner:
     ) -> torch.Tensor:
         """float32 next-token logits (len(rows), V) of the flat tokens' ``rows`` (all: None)."""
         h = self._hidden(ids, pos)
-        if rows is not None and self.invariant:  # the head on a multiple of ROWS rows
-            return self.lm_head(self.norm(h[invariant.pad_rows(rows)]))[: len(rows)].float()
         return self.lm_head(self.norm(h if rows is None else h[rows])).float()
 
     def _hidden(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
