@@ -40,7 +40,7 @@ VARIANTS = {  # --variants name: (label, TrainEngine arguments)
     "dense-embed": ("packed, dense embedding gradient (before sparse)", {}),
     "compile": ("packed, decoder layers compiled (train.compile)", {"compile_layers": True}),
     "batch-invariant": (
-        "batch-invariant: padded, the engine's numbers (rollout.batch_invariant)",
+        "packed, batch-invariant: the engine's numbers (rollout.batch_invariant)",
         {"batch_invariant": True},
     ),
 }

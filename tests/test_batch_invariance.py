@@ -6,6 +6,7 @@ prompts, slot refills, any thread count and a CPU hog beside it."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import random
 import subprocess
@@ -18,13 +19,16 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from streamrl.algorithms import build_algorithm
 from streamrl.config import load_config
 from streamrl.engines import invariant
+from streamrl.engines import train as train_module
 from streamrl.engines.inference import LocalEngine
+from streamrl.engines.packing import pack
+from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
 from streamrl.messages import GroupDone, GroupRejected
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rewards import build_reward
 from streamrl.rollout import rollout_group
-from streamrl.types import GenerationRequest, GenerationResult, Item, SamplingParams
+from streamrl.types import Batch, GenerationRequest, GenerationResult, Item, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +41,15 @@ def smollm2_shaped() -> LlamaForCausalLM:
     MLP 1536, a 49,152-token vocabulary)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
-        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=2,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -208,3 +217,54 @@ def test_a_failing_request_fails_its_group_alone_as_a_counted_failure():
     for x, y in zip(done.trajectories, alone.trajectories, strict=True):
         assert torch.equal(x.input_ids, y.input_ids)
         assert torch.equal(x.behavior_logprobs, y.behavior_logprobs)
+
+
+def test_the_trainer_computes_the_engines_logprobs_packed_and_padded(monkeypatch):
+    """SmolLM2-shaped layers (a vocabulary large enough for the trainer to pack rows and
+    run the head on the loss tokens only): a batch-invariant trainer's log-prob of every
+    generated token is the batch-invariant engine's, bit for bit, with rows packed side
+    by side (groups sharing a prompt) or padded, in evaluation and in training mode."""
+    model = smollm2_shaped()
+    rng = random.Random(8)
+    reqs = []
+    for i in range(8):
+        if i % 4 == 0:  # a group of four shares each prompt
+            prompt = [rng.randrange(49152) for _ in range(rng.randint(20, 40))]
+        reqs.append(GenerationRequest(prompt, SamplingParams(max_new_tokens=rng.randint(2, 9)), i))
+    results = LocalEngine(copy.deepcopy(model), decode_slots=8, batch_invariant=True).generate(reqs)
+    n, t = (
+        len(reqs),
+        max(len(q.prompt_ids) + len(r.token_ids) for q, r in zip(reqs, results, strict=True)),
+    )
+    ids = torch.zeros(n, t, dtype=torch.long)
+    real, loss = torch.zeros(n, t, dtype=torch.bool), torch.zeros(n, t, dtype=torch.bool)
+    behaviour = torch.zeros(n, t)
+    for i, (q, r) in enumerate(zip(reqs, results, strict=True)):
+        p, end = len(q.prompt_ids), len(q.prompt_ids) + len(r.token_ids)
+        ids[i, :end] = torch.tensor(q.prompt_ids + r.token_ids)
+        real[i, :end], loss[i, p:end] = True, True
+        behaviour[i, p:end] = torch.tensor(r.logprobs)
+    batch = Batch(
+        ids,
+        real,
+        loss,
+        behaviour,
+        torch.zeros(n, t, dtype=torch.long),
+        torch.zeros(n),
+        torch.zeros(n, dtype=torch.long),
+    )
+    layouts = []
+
+    def packing(*args, **kwargs):  # the layouts the packed trainer used
+        layouts.append(pack(*args, **kwargs))
+        return layouts[-1]
+
+    monkeypatch.setattr(train_module, "pack", packing)
+    for packed in (True, False):
+        trainer = TrainEngine(copy.deepcopy(model), batch_invariant=True, packed=packed)
+        assert torch.equal(trainer.compute_logprobs(batch)[loss], behaviour[loss])
+        trainer.model.train()
+        with torch.enable_grad():
+            out = trainer._forward(trainer.model, batch, with_entropy=True)
+        assert torch.equal(out["logprobs"].detach()[loss], behaviour[loss])
+    assert layouts and all(x is not None and x.segments is not None for x in layouts)

@@ -152,10 +152,19 @@ def test_any_finite_parameters_keep_at_least_the_argmax():
     g = torch.Generator().manual_seed(4)
     logits = 5 * torch.randn(4, 300, generator=g)
     cases = [
-        (1e-45, 0, 1.0), (1e-38, 0, 1.0), (1e-30, 3, 0.5), (1e30, 0, 1.0),
-        (1.0, 0, 1e-300), (1.0, 0, 0.0), (1.0, 0, -1.0), (0.7, 0, 1e-45),
-        (1.0, 1, 1.0), (1.0, -5, 1.0), (1.0, 2**62, 0.3), (1e-40, 1, 1e-300),
-    ]  # fmt: skip
+        (1e-45, 0, 1.0),
+        (1e-38, 0, 1.0),
+        (1e-30, 3, 0.5),
+        (1e30, 0, 1.0),
+        (1.0, 0, 1e-300),
+        (1.0, 0, 0.0),
+        (1.0, 0, -1.0),
+        (0.7, 0, 1e-45),
+        (1.0, 1, 1.0),
+        (1.0, -5, 1.0),
+        (1.0, 2**62, 0.3),
+        (1e-40, 1, 1e-300),
+    ]
     for temperature, top_k, top_p in cases:
         scores = _proc(logits, temperature, top_k, top_p)
         best = logits.argmax(-1)

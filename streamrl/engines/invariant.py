@@ -136,6 +136,9 @@ def sequence_attention(
         return kwargs["slot_cache"].attend(module.layer_idx, query, key, value, scaling), None
     if dropout:
         raise ValueError(f"{ATTN_IMPL} has no attention dropout (got {dropout})")
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if kwargs.get("segments") is not None:  # rows packed side by side
+        return _segment_attention(query, key, value, kwargs["segments"], scale), None
     n, h, t, d = query.shape
     kvh = key.shape[1]
     rep = h // kvh
@@ -151,10 +154,48 @@ def sequence_attention(
     q = query.reshape(n * kvh, rep * t, d)
     m = mask.expand(n, rep, t, t).reshape(n, 1, rep * t, t).expand(n, kvh, rep * t, t)
     o = attention(
-        q, key.reshape(n * kvh, t, d), value.reshape(n * kvh, t, d),
-        pad_rows(m.reshape(n * kvh, rep * t, t), dim=1), d**-0.5 if scaling is None else scaling,
-    )  # fmt: skip
+        q,
+        key.reshape(n * kvh, t, d),
+        value.reshape(n * kvh, t, d),
+        pad_rows(m.reshape(n * kvh, rep * t, t), dim=1),
+        scale,
+    )
     return o.reshape(n, h, t, d).transpose(1, 2), None
+
+
+def _segment_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: Any, scale: float
+) -> torch.Tensor:
+    """:func:`sequence_attention` of a packed row (query (1, H, T, D), key/value
+    (1, H_kv, T, D)): each segment's queries over its own keys, gathered in position
+    order (``packing.Segments``), so a packed token computes what it computes alone.
+    Returns (1, T, H, D); tokens in no segment (padding) get zeros."""
+    _, h, t, d = query.shape
+    kvh = key.shape[1]
+    rep = h // kvh
+    s, q_len = segments.queries.shape
+    length = segments.keys.shape[1]
+    # flat position t is the padding: a zero key and value, a query thrown away
+    keys = F.pad(key[0], (0, 0, 0, 1))[:, segments.keys]  # (H_kv, S, L, D)
+    values = F.pad(value[0], (0, 0, 0, 1))[:, segments.keys]
+    queries = F.pad(query[0], (0, 0, 0, 1))[:, segments.queries]  # (H, S, Q, D)
+    q = queries.view(kvh, rep, s, q_len, d).permute(2, 0, 1, 3, 4).reshape(s * kvh, -1, d)
+    hidden = torch.arange(length, device=query.device) > segments.qpos[..., None]  # (S, Q, L)
+    mask = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device)
+    mask = mask.masked_fill(hidden, torch.finfo(query.dtype).min)
+    mask = mask[:, None, None].expand(s, kvh, rep, q_len, length).reshape(s * kvh, -1, length)
+    o = attention(
+        q,
+        keys.transpose(0, 1).reshape(s * kvh, length, d),
+        values.transpose(0, 1).reshape(s * kvh, length, d),
+        pad_rows(mask, dim=1),
+        scale,
+    )  # (S * H_kv, rep * Q, D)
+    o = o.reshape(s, kvh, rep, q_len, d).permute(1, 2, 0, 3, 4).reshape(h, s * q_len, d)
+    flat = segments.queries.reshape(-1)
+    real = flat < t
+    out = query.new_zeros(h, t, d).index_copy(1, flat[real], o[:, real])
+    return out.transpose(0, 1)[None]
 
 
 AttentionInterface.register(ATTN_IMPL, sequence_attention)

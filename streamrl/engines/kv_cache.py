@@ -148,7 +148,8 @@ class SlotKVCache:
         self.pos = self.mask = self.flat_idx = None  # (n,), (n, 1, 1, kv_len), (n*H_kv,)
         # (slot, token offset, prompt length, source slot, shared prefix length)
         self.prefills: list[tuple[int, int, int, int, int]] = []
-        self.prefix_masks: list[torch.Tensor | None] = []  # (t_new, P) bool, when shared
+        # (t_new, P) bool, when shared; batch-invariant: invariant.causal_mask (1, M, L)
+        self.prefix_masks: list[torch.Tensor | None] = []
         # batch-invariant attention (streamrl.engines.invariant): decode and prefill rows
         # alike, over a multiple of invariant.KEYS keys (the capacity is one)
         self.invariant = batch_invariant
@@ -220,9 +221,12 @@ class SlotKVCache:
             qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
             if self.invariant:
                 o = invariant.attention(
-                    qd.flatten(0, 1), keys.flatten(0, 1), vals.flatten(0, 1), self.mask_bmm,
+                    qd.flatten(0, 1),
+                    keys.flatten(0, 1),
+                    vals.flatten(0, 1),
+                    self.mask_bmm,
                     d**-0.5 if scale is None else scale,
-                )  # fmt: skip
+                )
             elif self.decode_bmm:
                 o = self._decode_bmm(qd, keys, vals, scale)
             else:
@@ -275,9 +279,12 @@ class SlotKVCache:
         kvh, length = kbuf.shape[0], mask.shape[-1]
         # the query heads of kv head j are j * rep .. j * rep + rep - 1
         o = invariant.attention(
-            q.reshape(kvh, h // kvh * t_new, d), kbuf[:, :length], vbuf[:, :length], mask,
+            q.reshape(kvh, h // kvh * t_new, d),
+            kbuf[:, :length],
+            vbuf[:, :length],
+            mask,
             d**-0.5 if scale is None else scale,
-        )  # fmt: skip
+        )
         return o.reshape(h, t_new, d).transpose(0, 1)
 
 
@@ -350,9 +357,15 @@ class LlamaSlotRunner:
         # batch-invariant numerics (streamrl.engines.invariant): padded rows and keys
         self.invariant = batch_invariant
         self.cache = SlotKVCache(
-            len(self.layers), num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device,
+            len(self.layers),
+            num_slots,
+            kv_heads,
+            head_dim,
+            max_seq_len,
+            self.dtype,
+            self.device,
             batch_invariant,
-        )  # fmt: skip
+        )
         self.neg = torch.finfo(self.dtype).min
         self.mask = torch.empty((num_slots, 1, 1, 0), dtype=self.dtype, device=self.device)
         self.lens = torch.zeros(num_slots, dtype=torch.long, device=self.device)

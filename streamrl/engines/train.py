@@ -211,12 +211,10 @@ class TrainEngine(Optimized):
         self.head_on_targets = head_on_targets
         # batch-invariant forwards (rollout.batch_invariant): the batch-invariant engine's
         # numbers for every token, so that equal weights give equal log-probs on both
-        # sides (mismatch/kl = 0). Rows packed side by side would see their keys out of
-        # position order: not packed then
+        # sides (mismatch/kl = 0)
         self.batch_invariant = batch_invariant
         if batch_invariant:
             set_attn_impl(model, invariant.ATTN_IMPL)
-            packed = False
         self.packed = packed
         if micro_batch_sequences < 1:
             raise ValueError(f"micro_batch_sequences must be >= 1, got {micro_batch_sequences}")
@@ -296,14 +294,20 @@ class TrainEngine(Optimized):
                     for name in ("input_ids", "attention_mask", "loss_mask")
                 }
                 out = self._forward_body(
-                    model, dataclasses.replace(mb, **widened), with_entropy=with_entropy,
-                    entropy_grad=entropy_grad, with_values=with_values,
-                )  # fmt: skip
+                    model,
+                    dataclasses.replace(mb, **widened),
+                    with_entropy=with_entropy,
+                    entropy_grad=entropy_grad,
+                    with_values=with_values,
+                )
                 return {k: None if v is None else v[:, :t] for k, v in out.items()}
         return self._forward_body(
-            model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            model,
+            mb,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
             with_values=with_values,
-        )  # fmt: skip
+        )
 
     def _forward_body(
         self,
@@ -321,7 +325,13 @@ class TrainEngine(Optimized):
             layout = None
             if self.packed and not with_values:
                 width = decoder.config.hidden_size
-                layout = pack(mb.input_ids, mb.attention_mask, mb.loss_mask, width)
+                layout = pack(
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.loss_mask,
+                    width,
+                    batch_invariant=self.batch_invariant,
+                )
             if layout is not None:
                 hidden = packed_hidden(decoder, layout, *mb.input_ids.shape)
             else:
