@@ -104,7 +104,7 @@ class RolloutConfig(_Section):
         "per capacity. A compiled step computes every slot: size rollout.decode_slots to "
         "the sequences in flight. See benchmarks/results/engine.md.",
     )
-    batch_invariant: bool | Literal["auto"] = Field(
+    batch_invariant: Literal["auto", True, False] = Field(
         "auto",
         description="Built-in engine: a request's tokens and log-probs do not depend on what "
         "else a step batched with it or when it arrived (every matrix product on a multiple "

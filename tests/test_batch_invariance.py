@@ -20,12 +20,14 @@ from streamrl.algorithms import build_algorithm
 from streamrl.config import load_config
 from streamrl.engines import invariant
 from streamrl.engines import train as train_module
+from streamrl.engines.factory import batch_invariant
 from streamrl.engines.inference import LocalEngine
 from streamrl.engines.packing import pack
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
 from streamrl.messages import GroupDone, GroupRejected
 from streamrl.models import load_model_and_tokenizer
+from streamrl.preflight import PreflightError, check_batch_invariant
 from streamrl.rewards import build_reward
 from streamrl.rollout import rollout_group
 from streamrl.types import Batch, GenerationRequest, GenerationResult, Item, SamplingParams
@@ -268,3 +270,20 @@ def test_the_trainer_computes_the_engines_logprobs_packed_and_padded(monkeypatch
             out = trainer._forward(trainer.model, batch, with_entropy=True)
         assert torch.equal(out["logprobs"].detach()[loss], behaviour[loss])
     assert layouts and all(x is not None and x.segments is not None for x in layouts)
+
+
+def test_the_setting_is_on_at_eta0_and_refused_where_it_cannot_hold():
+    """rollout.batch_invariant: 'auto' is on at stream.max_staleness=0 only (and not with
+    rollout.compile); true with a compiled engine or vLLM is refused before a run."""
+    on = {
+        (): False,
+        ("stream.max_staleness=0",): True,
+        ("stream.max_staleness=0", "rollout.compile=true"): False,
+        ("stream.max_staleness=0", "rollout.batch_invariant=false"): False,
+        ("rollout.batch_invariant=true",): True,
+    }
+    for overrides, expected in on.items():
+        assert batch_invariant(load_config(None, list(overrides))) is expected, overrides
+    for other in ("rollout.compile=true", "rollout.engine=vllm"):
+        with pytest.raises(PreflightError, match="rollout.batch_invariant=true"):
+            check_batch_invariant(load_config(None, ["rollout.batch_invariant=true", other]))
