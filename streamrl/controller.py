@@ -308,7 +308,6 @@ class Session:
             greedy=greedy,
             samples_per_item=self.cfg.eval.samples,
             seed=self.cfg.seed,
-            batch_invariant=batch_invariant(self.cfg),
         )
 
     # ------------------------------------------------------------ checkpoints

@@ -18,6 +18,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from streamrl.engines import drawing
 from streamrl.engines.base import InferenceEngine
 from streamrl.engines.inference import LocalEngine
 from streamrl.engines.sampling import sampling_logprobs
@@ -530,16 +531,14 @@ def test_a_poisonous_request_fails_alone_and_the_others_are_untouched(llama, mon
     stop strings failing to decode, its row's sampling raising) fails that request alone,
     through generate and agenerate; the others in the same steps come out as they do
     without it, bit for bit. Extreme but finite parameters are served."""
-    import streamrl.engines.inference as inference
-
-    real = inference.sampling_logits
+    real = drawing.sampling_logits
 
     def sampling_logits(logits, temperature, top_k, top_p):  # raises for its marked row
         if bool((temperature == 0.125).any()):
             raise RuntimeError("this row's sampling failed")
         return real(logits, temperature, top_k, top_p)
 
-    monkeypatch.setattr(inference, "sampling_logits", sampling_logits)
+    monkeypatch.setattr(drawing, "sampling_logits", sampling_logits)
     sp = SamplingParams(temperature=0.9, max_new_tokens=9, stop=["qq"])
     good = [
         GenerationRequest([1, 2, 3], sp, seed=1),

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,26 +44,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.engines import invariant
 from streamrl.engines.batching import StepEngine, stop_string_hit, stop_window
+from streamrl.engines.drawing import Drawing
+from streamrl.engines.fallback_runner import HFCacheRunner
 from streamrl.engines.fused_layers import fused_away, supports_fused
-from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
+from streamrl.engines.isolation import check_request
+from streamrl.engines.kv_cache import LlamaSlotRunner, Prefill, supports_fast_path
+from streamrl.engines.prefixes import plan_prefills
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
 from streamrl.engines.sampling import (
-    check_params,
     context_key,
-    counter_uniform,
     fold_tokens,
     is_raw,
-    sample,
-    sampling_logits,
-    shifted_uniform,
 )
 from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
 
 _U64 = (1 << 64) - 1
-_INTS = (int, np.integer)  # what a token id may be
 # drive() leaves cheaper steps to the engine's own thread (see drive): SmolLM2's decode
 # steps take ~80-150 ms on this CPU, the tiny main job's ~5 ms
 DRIVE_MIN_STEP_S = 0.02
@@ -107,7 +103,7 @@ class _Seq:
         return self.request.prompt_ids + forced[: self.scored]
 
 
-class LocalEngine(StepEngine):
+class LocalEngine(Drawing, StepEngine):
     """Batched KV-cache inference with continuous batching over ``decode_slots`` slots.
 
     model:          a transformers causal LM; Llama-family models take the fast
@@ -247,7 +243,7 @@ class LocalEngine(StepEngine):
         seqs = []
         for req, on_done in items:
             try:
-                self._check_request(req)
+                check_request(req, self._vocab, self.tokenizer)
             except (ValueError, TypeError) as exc:  # this request fails, alone
                 self.stats.requests_failed += 1
                 on_done(exc)
@@ -255,24 +251,6 @@ class LocalEngine(StepEngine):
             seqs.append(_Seq(req, on_done, stop_window=stop_window(req.params.stop)))
         with self._queue_lock:
             self._pending.extend(seqs)
-
-    def _check_request(self, req: GenerationRequest) -> None:
-        """Raises ValueError for a request the engine cannot serve (its tokens, its
-        sampling parameters): checked before it joins a batch, whose forward it would fail
-        for everyone."""
-        if not req.prompt_ids:
-            raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
-        vocab = self._vocab
-        for name, ids in (("prompt_ids", req.prompt_ids), ("forced_ids", req.forced_ids or [])):
-            bad = next((t for t in ids if not isinstance(t, _INTS) or not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ValueError(f"{name} holds {bad!r}: token ids are integers in [0, {vocab})")
-        p = req.params
-        check_params(p.temperature, p.top_k, p.top_p)
-        if not isinstance(p.max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be an integer, got {p.max_new_tokens!r}")
-        if p.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer: LocalEngine(model, tokenizer)")
 
     def _has_work(self) -> bool:
         return bool(self._pending) or any(s is not None for s in self._slots)
@@ -403,115 +381,6 @@ class LocalEngine(StepEngine):
         for i, tok in zip(ok, drawn_ids, strict=True):
             self._record(seqs[i], tok, lps[i])
 
-    def _draw_isolated(
-        self,
-        seqs: list[_Seq],
-        logits: torch.Tensor,
-        drawn: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[list[int], list[float], dict[int, Exception]]:
-        """Each row's token and log-prob (:meth:`_draw`), and the rows that failed, by
-        index. A failing batch is drawn again row by row, which gives every other row
-        the same token and log-prob (a row's draw depends on that row alone,
-        ``tests/test_sampling.py``), so only the rows that fail alone fail. A NaN
-        log-prob (NaN logits) fails its row too."""
-        try:
-            tokens, lps = self._draw(seqs, logits, drawn)
-            out_t, out_lp, failed = tokens.tolist(), lps.tolist(), {}
-        except Exception:
-            out_t, out_lp, failed = [0] * len(seqs), [math.nan] * len(seqs), {}
-            for i, q in enumerate(seqs):
-                row = None if drawn is None else (drawn[0][i : i + 1], drawn[1][i : i + 1])
-                try:
-                    tokens, lps = self._draw([q], logits[i : i + 1], row)
-                    out_t[i], out_lp[i] = int(tokens[0]), float(lps[0])
-                except Exception as exc:
-                    failed[i] = exc
-        for i, lp in enumerate(out_lp):
-            if math.isnan(lp) and i not in failed:
-                failed[i] = FloatingPointError(
-                    f"the model's logits for this request are not finite (token {len(seqs[i].token_ids)})"
-                )
-        return out_t, out_lp, failed
-
-    def _draw(
-        self,
-        seqs: list[_Seq],
-        logits: torch.Tensor,
-        drawn: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next token of each of ``seqs`` (one row of ``logits`` each) and its log-prob:
-        sampled under the row's temperature, top-k and top-p (``drawn``: already sampled
-        from raw logits), or the given token of a teacher-forced request."""
-        slots = [q.slot for q in seqs]
-        raw = all(self._raw[s] for s in slots)  # sampling from softmax(logits) or greedy
-        # per-row sampling state gathered by slot (tiny tensors, one index op each)
-        scores = logits if raw else self._sampling_scores(logits, slots)
-        if drawn is None:
-            tokens, token_lp = sample(scores, self._greedy_cpu[slots], self._noise(slots))
-        else:
-            tokens, token_lp = drawn
-        if self.batch_invariant:  # the trainer's formula: equal logits, equal log-probs
-            token_lp = invariant.token_logprobs(scores, tokens)[0]
-        forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
-        if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
-            rows = torch.tensor(forced, device=self.device)
-            want = [seqs[i].request.forced_ids[len(seqs[i].token_ids)] for i in forced]  # type: ignore[index]
-            want_t, lp = self._forced_logprobs(scores[rows], want)
-            tokens, token_lp = tokens.clone(), token_lp.clone()
-            tokens[rows], token_lp[rows] = want_t, lp.to(token_lp.dtype)
-        return tokens, token_lp
-
-    def _noise(self, slots: list[int] | slice) -> torch.Tensor:
-        """The uniform of each slot's next token (GenerationRequest.stratum shifts it)."""
-        u = counter_uniform(self._seed[slots], self._count[slots])
-        return shifted_uniform(u, self._shift[slots]) if self._stratified[slots].any() else u
-
-    def _record_scored(self, admitted: list[_Seq], logits: torch.Tensor) -> None:
-        """Records the forced tokens scored in their prefill (``logits``: one row per
-        token, in admission order), before the step takes each one's last forced token
-        from its last prompt row as usual. A request whose scoring fails alone (see
-        :meth:`_draw_isolated`) fails, and the others are recorded."""
-        scored = [q for q in admitted if q.scored]
-        try:
-            lps = self._scored_logprobs(scored, logits)
-        except Exception:
-            lps, start = [], 0
-            for q in scored:
-                try:
-                    lps += self._scored_logprobs([q], logits[start : start + q.scored])
-                except Exception as exc:
-                    lps += [math.nan] * q.scored
-                    self._fail(q, exc)
-                start += q.scored
-        at = iter(lps)
-        for q in scored:
-            for tok in q.request.forced_ids[: q.scored]:  # type: ignore[index]
-                lp = next(at)
-                if self._slots[q.slot] is q:  # not failed
-                    self._record(q, tok, lp)  # never the last: no release here
-
-    def _scored_logprobs(self, scored: list[_Seq], logits: torch.Tensor) -> list[float]:
-        """The log-probs of ``scored``'s forced tokens from their rows of ``logits``."""
-        slots = [q.slot for q in scored for _ in range(q.scored)]
-        if not all(self._raw[s] for s in slots):
-            logits = self._sampling_scores(logits, slots)
-        want = [t for q in scored for t in q.request.forced_ids[: q.scored]]  # type: ignore[index]
-        return self._forced_logprobs(logits, want)[1].tolist()
-
-    def _sampling_scores(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
-        """Each row's logits under its slot's temperature, top-k and top-p."""
-        slot_t = torch.tensor(slots, device=self.device)
-        return sampling_logits(logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t])
-
-    def _forced_logprobs(
-        self, scores: torch.Tensor, want: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The given tokens (one per row of ``scores``) and their log-probs."""
-        want_t = torch.tensor(want, device=self.device)
-        if self.batch_invariant:  # the trainer's formula, as for sampled tokens
-            return want_t, invariant.token_logprobs(scores.float(), want_t)[0]
-        return want_t, torch.log_softmax(scores.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
-
     def _scored_in_prefill(self, q: _Seq) -> int:
         """How many of ``q``'s forced tokens its prefill scores before its last row.
 
@@ -528,29 +397,11 @@ class LocalEngine(StepEngine):
         return max(n - 1, 0)
 
     def _plan_prefills(self, decoding: list[_Seq], admitted: list[_Seq]) -> list[Prefill]:
-        """Finds, for each new prompt, the slot sharing its longest prefix.
-
-        Candidates are the decoding slots (prompt + generated tokens, except the
-        last one whose KV is written during this very step) and the prompts
-        admitted before it in this step. At least one prompt token is always
-        computed, since its logits give the first sampled token.
-        """
+        """For each new prompt, the slot sharing its longest prefix (:func:`plan_prefills`)."""
         if not getattr(self.runner, "shares_prefixes", False):
             return [Prefill(q.slot, q.prefill_ids, scored=q.scored) for q in admitted]
         known = [(q.slot, q.request.prompt_ids + q.token_ids[:-1]) for q in decoding]
-        plans = []
-        for q in admitted:
-            prompt = q.prefill_ids
-            best, src = 0, -1
-            for slot, toks in known:
-                if toks and toks[0] == prompt[0]:
-                    shared = _common_prefix_len(prompt, toks)
-                    if shared > best:
-                        best, src = shared, slot
-            shared = min(best, len(prompt) - 1 - q.scored)  # scored positions are computed
-            plans.append(Prefill(q.slot, prompt, src, shared, q.scored))
-            known.append((q.slot, prompt))
-        return plans
+        return plan_prefills(known, [(q.slot, q.prefill_ids, q.scored) for q in admitted])
 
     def _admit(self) -> list[_Seq]:
         """Moves pending requests (FIFO) into free slots (lowest index first)."""
@@ -650,17 +501,3 @@ class LocalEngine(StepEngine):
             q.on_done(exc)
         for q in pending:
             q.on_done(exc)
-
-
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # fast path (C comparison): one is a prefix of the other
-        return n
-    lo, hi = 0, n  # binary search on list-slice equality: O(n log n) in C, not a Python loop
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

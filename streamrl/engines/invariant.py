@@ -200,3 +200,20 @@ def _segment_attention(
 
 AttentionInterface.register(ATTN_IMPL, sequence_attention)
 AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+
+
+def prefill_attention(
+    q: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """A prompt's attention in the engine, by the decode rows' kernel (:func:`attention`):
+    its rows compute what they would decoding, whatever prefix another slot lent it.
+
+    q: (H, t_new, D) the queries of the positions computed; kbuf, vbuf: (H_kv, C, D) the
+    slot's buffers, already holding the prompt's keys; mask: the queries'
+    :func:`causal_mask` (1, M, L). Returns (t_new, H, D)."""
+    h, t_new, d = q.shape
+    kvh, length = kbuf.shape[0], mask.shape[-1]
+    # the query heads of kv head j are j * rep .. j * rep + rep - 1
+    rows = q.reshape(kvh, h // kvh * t_new, d)
+    o = attention(rows, kbuf[:, :length], vbuf[:, :length], mask, scale)
+    return o.reshape(h, t_new, d).transpose(0, 1)

@@ -25,13 +25,13 @@ Two runners share one interface (``step``, ``weights_loaded``, ``release``):
 
 - :class:`LlamaSlotRunner` (fast path, Llama family: Llama, SmolLM2, Mistral,
   Qwen2, Qwen3) with the preallocated :class:`SlotKVCache`;
-- :class:`HFCacheRunner` (fallback, any causal LM): the model's ordinary
-  forward, batch 1 per slot, each slot with its own Hugging Face cache.
+- :class:`~streamrl.engines.fallback_runner.HFCacheRunner` (fallback, any causal LM):
+  the model's ordinary forward, batch 1 per slot, each slot with its own Hugging Face
+  cache.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from contextlib import nullcontext
@@ -47,6 +47,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from streamrl.engines import invariant
+from streamrl.engines.compile_guards import guards_kept, own_code
 from streamrl.engines.fused_layers import FusedDecoder
 from streamrl.engines.sampling import sample
 
@@ -243,8 +244,12 @@ class SlotKVCache:
             kbuf[slot, :, shared:p] = ks[0]
             vbuf[slot, :, shared:p] = vs[0]
             if self.invariant:
-                out[off : off + t_new] = self._invariant_prefill(
-                    kbuf[slot], vbuf[slot], q[0, :, off : off + t_new], mask, scale
+                out[off : off + t_new] = invariant.prefill_attention(
+                    q[0, :, off : off + t_new],
+                    kbuf[slot],
+                    vbuf[slot],
+                    mask,
+                    d**-0.5 if scale is None else scale,
                 )
                 continue
             qs = q[:, :, off : off + t_new]
@@ -260,32 +265,6 @@ class SlotKVCache:
                 )
             out[off : off + t_new] = o[0].transpose(0, 1)  # (t_new, H, D)
         return out[None]
-
-    def _invariant_prefill(
-        self,
-        kbuf: torch.Tensor,
-        vbuf: torch.Tensor,
-        q: torch.Tensor,
-        mask: torch.Tensor,
-        scale: float | None,
-    ) -> torch.Tensor:
-        """A prompt's attention by the decode rows' kernel (:func:`invariant.attention`):
-        its rows compute what they would decoding, whatever prefix was shared.
-
-        kbuf, vbuf: (H_kv, C, D) the slot's buffers, already holding the prompt's keys;
-        q: (H, t_new, D) the queries of the positions computed; mask: their
-        :func:`invariant.causal_mask` (1, M, L); returns (t_new, H, D)"""
-        h, t_new, d = q.shape
-        kvh, length = kbuf.shape[0], mask.shape[-1]
-        # the query heads of kv head j are j * rep .. j * rep + rep - 1
-        o = invariant.attention(
-            q.reshape(kvh, h // kvh * t_new, d),
-            kbuf[:, :length],
-            vbuf[:, :length],
-            mask,
-            d**-0.5 if scale is None else scale,
-        )
-        return o.reshape(h, t_new, d).transpose(0, 1)
 
 
 def supports_fast_path(model: torch.nn.Module, max_seq_len: int) -> bool:
@@ -393,10 +372,10 @@ class LlamaSlotRunner:
             # own code object), so another engine in the process never runs them.
             # cpp_wrapper: the kernels are called from C++, not from a Python wrapper.
             self.compiled = torch.compile(
-                _own_code(self._decode_all),
+                own_code(self._decode_all),
                 dynamic=False,
                 fullgraph=True,
-                options={"cpp_wrapper": True, "guard_filter_fn": _guards_kept},
+                options={"cpp_wrapper": True, "guard_filter_fn": guards_kept},
             )
 
     def _ensure_capacity(self, length: int) -> None:
@@ -590,74 +569,6 @@ class LlamaSlotRunner:
         self.base[slot] = self._IDLE
         self.mask[slot] = self.neg
         self.mask[slot, ..., 0] = 0.0
-
-
-# torch state a compiled step is only valid under (cheap guards, kept)
-_STATE_GUARDS = {
-    "GLOBAL_STATE", "GRAD_MODE", "DEFAULT_DEVICE", "DETERMINISTIC_ALGORITHMS",
-    "TORCH_FUNCTION_STATE", "AUTOGRAD_SAVED_TENSORS_HOOKS",
-}  # fmt: skip
-
-
-def _guards_kept(entries: list[Any]) -> list[bool]:
-    """A compiled decode step's guards: its input tensors' (not the parameters') and
-    torch's global state (``guard_filter_fn``)."""
-    return [
-        (e.guard_type == "TENSOR_MATCH" and not isinstance(e.value, nn.Parameter))
-        or e.guard_type in _STATE_GUARDS
-        for e in entries
-    ]
-
-
-def _own_code(method: Any) -> Any:
-    """``method`` with a copy of its code object: torch.compile keeps its graphs (and
-    counts recompiles) per code object, so this gives the bound object its own."""
-    fn = method.__func__
-    code = fn.__code__.replace()
-    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    return types.MethodType(fresh, method.__self__)
-
-
-class HFCacheRunner:
-    """Fallback for any causal LM: ordinary forward, batch 1 per slot, own HF cache each.
-
-    Correct for every architecture (sliding windows, learned positions, ...) at
-    the price of one forward call per sequence per step.
-    """
-
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_seq_len: int) -> None:
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.caches: list[Any] = [None] * num_slots
-
-    def _run(self, ids: list[int], cache: Any, rows: int = 1) -> tuple[torch.Tensor, Any]:
-        """The next-token logits of the last ``rows`` positions (rows, V), and the cache."""
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, past_key_values=cache, use_cache=True)
-        return out.logits[0, -rows:].float(), out.past_key_values
-
-    shares_prefixes = False
-
-    def step(
-        self, decode_slots: list[int], tokens: torch.Tensor, prefills: list[Prefill]
-    ) -> torch.Tensor:
-        """Same contract as :meth:`LlamaSlotRunner.step` (prefix sharing not supported)."""
-        rows, scored = [], []
-        last = tokens.tolist()
-        for s in decode_slots:
-            logits, self.caches[s] = self._run([last[s]], self.caches[s])
-            rows.append(logits)
-        for f in prefills:
-            logits, self.caches[f.slot] = self._run(f.prompt, None, 1 + f.scored)
-            rows.append(logits[-1:])
-            scored.append(logits[:-1])
-        return torch.cat(rows + scored)
-
-    def weights_loaded(self, names: Iterable[str], executor: Executor | None = None) -> None:
-        pass
-
-    def release(self, slot: int) -> None:
-        self.caches[slot] = None
 
 
 def set_attn_impl(model: torch.nn.Module, name: str) -> None:
