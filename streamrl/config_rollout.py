@@ -110,7 +110,7 @@ class RolloutConfig(_Section):
         "else a step batched with it or when it arrived (every matrix product on a multiple "
         "of 16 rows, attention over whole blocks of 16 keys; docs/reliability.md), so "
         "stream.max_staleness=0 is bit-exact with dynamic sampling and refills, and the "
-        "trainer computes the same numbers (mismatch/kl = 0). Costs ~0.85-0.9x engine "
+        "trainer computes the same numbers (mismatch/kl = 0). Costs 0.82-0.93x engine "
         "tok/s (benchmarks/bench_batch_invariance.py). 'auto': on at "
         "stream.max_staleness=0, off otherwise. Not with rollout.compile or "
         "rollout.engine=vllm.",

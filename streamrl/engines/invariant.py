@@ -26,11 +26,18 @@ are a padding discipline, with no kernel of their own:
 - everything else in a step works row by row already (norms, RoPE, the MLP's
   activation, sampling).
 
+The trainer computes the same numbers for every token under the same setting
+(``TrainEngine(batch_invariant=True)``): its positions padded alike, attention through
+:func:`sequence_attention` (a row's keys in position order, packed rows per segment),
+and one log-prob formula, :func:`token_logprobs`. Equal weights give equal log-probs
+on both sides (``mismatch/kl`` = 0).
+
 What is still not fixed is the thread count: MKL splits a product among threads by its
 shape, and for a few shapes (e.g. a 101-token vocabulary head at 4 or 8 threads) the
 split changes the sums. A run's engine keeps its thread count for its whole life
 (``runtime.rollout_threads``), so this costs nothing in reproducibility; only a step
-driven at another count (``runtime.lend_cores``, never at eta = 0) may differ.
+driven at another count (``runtime.lend_cores``, never at eta = 0) or thread counts
+chosen from measured times (``runtime.placement: auto``) may differ.
 """
 
 from __future__ import annotations
