@@ -13,6 +13,7 @@ from the same weights and run interleaved, ``--repeats`` times each, after one w
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 48 --variants default foreach-adam
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 24 --variants default dense-embed
     PYTHONPATH=. python benchmarks/bench_train_step.py --completion 24 --variants compile default
+    PYTHONPATH=. python benchmarks/bench_train_step.py --completion 24 --variants batch-invariant default
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ VARIANTS = {  # --variants name: (label, TrainEngine arguments)
     "micro16": ("packed, 16 sequences a micro-batch", {"micro_batch_sequences": 16}),
     "dense-embed": ("packed, dense embedding gradient (before sparse)", {}),
     "compile": ("packed, decoder layers compiled (train.compile)", {"compile_layers": True}),
+    "batch-invariant": (
+        "packed, batch-invariant: the engine's numbers (rollout.batch_invariant)",
+        {"batch_invariant": True},
+    ),
 }
 
 

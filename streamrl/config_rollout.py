@@ -104,6 +104,17 @@ class RolloutConfig(_Section):
         "per capacity. A compiled step computes every slot: size rollout.decode_slots to "
         "the sequences in flight. See benchmarks/results/engine.md.",
     )
+    batch_invariant: Literal["auto", True, False] = Field(
+        "auto",
+        description="Built-in engine: a request's tokens and log-probs do not depend on what "
+        "else a step batched with it or when it arrived (every matrix product on a multiple "
+        "of 16 rows, attention over whole blocks of 16 keys; docs/reliability.md), so "
+        "stream.max_staleness=0 is bit-exact with dynamic sampling and refills, and the "
+        "trainer computes the same numbers (mismatch/kl = 0). Costs 0.82-0.93x engine "
+        "tok/s (benchmarks/bench_batch_invariance.py). 'auto': on at "
+        "stream.max_staleness=0, off otherwise. Not with rollout.compile or "
+        "rollout.engine=vllm.",
+    )
     max_consecutive_failures: int = Field(
         100,
         ge=0,

@@ -46,7 +46,7 @@ from streamrl.backends.pool import START_TIMEOUT_S
 from streamrl.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from streamrl.config import Config
 from streamrl.data.selection import pool_selection
-from streamrl.engines.factory import is_policy, make_train_engine
+from streamrl.engines.factory import batch_invariant, is_policy, make_train_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
 from streamrl.eval.evaluate import EvalResult, evaluate_model
@@ -102,6 +102,7 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         device=resolve_device(cfg.runtime.device),
         keep_freed_memory=cfg.runtime.keep_freed_memory,
+        batch_invariant=batch_invariant(cfg),
     )
     if cfg.train.compile:
         if is_policy(model):

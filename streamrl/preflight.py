@@ -210,6 +210,22 @@ def check_engine_compile(cfg: Config) -> None:
         )
 
 
+def check_batch_invariant(cfg: Config) -> None:
+    """rollout.batch_invariant=true: the built-in engine's eager steps."""
+    if cfg.rollout.batch_invariant is not True:
+        return
+    if cfg.rollout.engine != "local":
+        raise PreflightError(
+            f"rollout.batch_invariant=true pads the built-in engine's products; "
+            f"rollout.engine={cfg.rollout.engine} computes its own (set it to auto or false)"
+        )
+    if cfg.rollout.compile:
+        raise PreflightError(
+            "rollout.batch_invariant=true needs eager decode steps: a compiled step (rollout."
+            "compile=true) reduces in its own order; set one of them to false"
+        )
+
+
 def check_group_sampling(cfg: Config) -> None:
     """rollout.group_sampling=stratified: the built-in engine's counter noise, on a
     language-model episode."""
@@ -506,6 +522,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_lora(cfg)
     check_engine_compile(cfg)
     check_vllm_engine(cfg)
+    check_batch_invariant(cfg)
     check_group_sampling(cfg)
     if cfg.rollout.episode not in episode_kinds():
         raise PreflightError(

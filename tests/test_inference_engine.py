@@ -18,6 +18,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from streamrl.engines import drawing
 from streamrl.engines.base import InferenceEngine
 from streamrl.engines.inference import LocalEngine
 from streamrl.engines.sampling import sampling_logprobs
@@ -514,3 +515,69 @@ def test_local_backend_publish_loads_on_the_worker_thread():
         assert loaded_on and threading.current_thread() not in loaded_on
     finally:
         backend.close()
+
+
+class PoisonTokenizer(CharTokenizer):
+    """Decoding token 13 raises: a request whose tokens it decodes (stop strings) fails."""
+
+    def decode(self, ids, **kw):
+        if 13 in ids:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "token 13")
+        return super().decode(ids, **kw)
+
+
+def test_a_poisonous_request_fails_alone_and_the_others_are_untouched(llama, monkeypatch):
+    """Every way one request can fail (parameters or tokens the engine cannot take, its
+    stop strings failing to decode, its row's sampling raising) fails that request alone,
+    through generate and agenerate; the others in the same steps come out as they do
+    without it, bit for bit. Extreme but finite parameters are served."""
+    real = drawing.sampling_logits
+
+    def sampling_logits(logits, temperature, top_k, top_p):  # raises for its marked row
+        if bool((temperature == 0.125).any()):
+            raise RuntimeError("this row's sampling failed")
+        return real(logits, temperature, top_k, top_p)
+
+    monkeypatch.setattr(drawing, "sampling_logits", sampling_logits)
+    sp = SamplingParams(temperature=0.9, max_new_tokens=9, stop=["qq"])
+    good = [
+        GenerationRequest([1, 2, 3], sp, seed=1),
+        GenerationRequest([4, 5], SamplingParams(top_p=1e-300, max_new_tokens=7), seed=2),
+        GenerationRequest([6, 7, 8, 9], SamplingParams(temperature=1e-40, max_new_tokens=8), 3),
+        GenerationRequest([1, 2, 3], SamplingParams(top_k=2**62, max_new_tokens=6), seed=4),
+        GenerationRequest([2, 2], sp, seed=5, forced_ids=[3, 4, 5]),
+    ]
+    poison = [
+        GenerationRequest([1, 2], SamplingParams(temperature=float("nan")), seed=6),
+        GenerationRequest([1, 2], SamplingParams(top_p=float("inf")), seed=7),
+        GenerationRequest([1, 2], SamplingParams(top_k=2**70), seed=8),
+        GenerationRequest([1, V], SamplingParams(), seed=9),  # outside the vocabulary
+        GenerationRequest([1, 2], SamplingParams(), seed=10, forced_ids=[4, -1]),
+        GenerationRequest([3, 1], sp, seed=11, forced_ids=[4, 13, 5]),  # decoding raises
+        GenerationRequest([5, 1], SamplingParams(temperature=0.125), seed=12),  # sampling
+    ]
+    tok = PoisonTokenizer()
+    alone = LocalEngine(llama, tok, decode_slots=4, batch_invariant=True).generate(good)
+    mixed = [x for pair in zip(poison, good + good[:2], strict=True) for x in pair]
+    engine = LocalEngine(llama, tok, decode_slots=4, batch_invariant=True)
+    out: list = [None] * len(mixed)
+    for i, req in enumerate(mixed):
+        engine._enqueue([(req, lambda res, i=i: out.__setitem__(i, res))])
+    while any(r is None for r in out):
+        engine._step()
+    failures = [r for r in out if isinstance(r, BaseException)]
+    assert len(failures) == len(poison) == engine.stats.requests_failed
+    assert [type(e) for e in out[0::2]] == [ValueError] * 5 + [UnicodeDecodeError, RuntimeError]
+    for a, b in zip(out[1::2], good + good[:2], strict=True):
+        ref = alone[good.index(b)]
+        assert a.token_ids == ref.token_ids and a.logprobs == ref.logprobs
+    assert engine.num_active == 0 and len(engine._free) == 4  # every slot came back
+
+    async def main():
+        fresh = LocalEngine(llama, tok, decode_slots=4, batch_invariant=True)
+        return await asyncio.gather(*(fresh.agenerate(r) for r in mixed), return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert [isinstance(r, BaseException) for r in got] == [True, False] * len(poison)
+    with pytest.raises(ValueError, match="finite"):  # generate raises the first failure
+        LocalEngine(llama, decode_slots=2).generate([good[1], poison[0]])

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from streamrl.engines.sampling import counter_uniform, sample, sampling_logprobs
+from streamrl.engines.sampling import counter_uniform, sample, sampling_logits, sampling_logprobs
 
 
 def _proc(logits, temperature=1.0, top_k=0, top_p=1.0):
@@ -144,3 +144,67 @@ def test_the_traced_draw_is_the_eager_one():
         )
         assert torch.equal(eager[0], traced[0]) and torch.equal(eager[1], traced[1])
         assert eager[0][2] < 10 and eager[0][1] == scores[1].argmax()
+
+
+def test_any_finite_parameters_keep_at_least_the_argmax():
+    """Extreme but finite temperature, top-k and top-p: every row keeps its most likely
+    token with a finite score, and the draw is a kept token with a finite log-prob."""
+    g = torch.Generator().manual_seed(4)
+    logits = 5 * torch.randn(4, 300, generator=g)
+    cases = [
+        (1e-45, 0, 1.0),
+        (1e-38, 0, 1.0),
+        (1e-30, 3, 0.5),
+        (1e30, 0, 1.0),
+        (1.0, 0, 1e-300),
+        (1.0, 0, 0.0),
+        (1.0, 0, -1.0),
+        (0.7, 0, 1e-45),
+        (1.0, 1, 1.0),
+        (1.0, -5, 1.0),
+        (1.0, 2**62, 0.3),
+        (1e-40, 1, 1e-300),
+    ]
+    for temperature, top_k, top_p in cases:
+        scores = _proc(logits, temperature, top_k, top_p)
+        best = logits.argmax(-1)
+        assert bool(torch.isfinite(scores.gather(1, best[:, None])).all()), (
+            temperature,
+            top_k,
+            top_p,
+        )
+        greedy = torch.zeros(4, dtype=torch.bool)
+        tokens, lp = sample(scores, greedy, counter_uniform([1, 2, 3, 4], [0] * 4))
+        assert bool(torch.isfinite(lp).all()) and bool(
+            torch.isfinite(scores.gather(1, tokens[:, None])).all()
+        )
+    # a vanishing temperature or top-p leaves the argmax alone: a certain draw
+    for temperature, top_p in ((1e-40, 1.0), (1.0, 1e-300)):
+        scores = _proc(logits, temperature, 0, top_p)
+        tokens, lp = sample(
+            scores, torch.zeros(4, dtype=torch.bool), counter_uniform([5] * 4, range(4))
+        )
+        assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(lp, torch.zeros(4))
+
+
+def test_each_rows_processing_depends_on_that_row_alone():
+    """Rows with every mix of options give the same scores, tokens and log-probs, bit for
+    bit, alone and batched: in particular a row with top_p = 1 next to one with top_p < 1
+    drops nothing (its cumulative mass rounds past 1 over a large vocabulary)."""
+    g = torch.Generator().manual_seed(5)
+    v, n = 49152, 8
+    logits = 4 * torch.randn(n, v, generator=g)
+    temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0, 0.5, 1.0])
+    top_k = torch.tensor([0, 0, 50, 0, 0, 7, 0, 0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.95, 1.0, 0.6, 1.0])
+    uniforms = counter_uniform(range(n), [3] * n)
+    greedy = temperature <= 0
+    scores = sampling_logits(logits, temperature, top_k, top_p)
+    tokens, lp = sample(scores, greedy, uniforms)
+    for i in range(n):
+        one = slice(i, i + 1)
+        alone = sampling_logits(logits[one], temperature[one], top_k[one], top_p[one])
+        assert torch.equal(alone, scores[one]), i
+        tok, tok_lp = sample(alone, greedy[one], uniforms[one])
+        assert int(tok) == int(tokens[i]) and torch.equal(tok_lp, lp[one]), i
+    assert bool(torch.isfinite(scores[0]).all())  # top_p = 1 beside top_p = 0.9

@@ -30,6 +30,7 @@ def make_inference_engine(
     compile_decode: bool = False,
     engine: str = "local",
     vllm: dict[str, Any] | None = None,
+    batch_invariant: bool = False,
 ) -> Any:
     if is_policy(model):
         if engine != "local":
@@ -53,6 +54,7 @@ def make_inference_engine(
         version=version,
         weights=weights,
         compile_decode=compile_decode,
+        batch_invariant=batch_invariant,
     )
 
 
@@ -66,7 +68,17 @@ def engine_options(cfg: Config) -> dict[str, Any]:
         "compile_decode": r.compile,
         "engine": r.engine,
         "vllm": r.vllm.model_dump(),
+        "batch_invariant": batch_invariant(cfg),
     }
+
+
+def batch_invariant(cfg: Config) -> bool:
+    """``rollout.batch_invariant`` resolved: 'auto' is on at ``stream.max_staleness=0``
+    (where runs are bit-exact), for the built-in engine without ``rollout.compile``."""
+    r = cfg.rollout
+    if r.batch_invariant != "auto":
+        return bool(r.batch_invariant)
+    return cfg.stream.max_staleness == 0 and r.engine == "local" and not r.compile
 
 
 def make_train_engine(model: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -> Any:
@@ -76,6 +88,7 @@ def make_train_engine(model: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -
         from streamrl.engines.policy_train import PolicyTrainEngine
 
         kwargs.pop("micro_batch_sequences", None)
+        kwargs.pop("batch_invariant", None)  # a policy's forward is its own
         return PolicyTrainEngine(model, seed=seed, **kwargs)
     from streamrl.engines.train import TrainEngine
 

@@ -109,6 +109,10 @@ class FusedDecoder:
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self.qk_norm = hasattr(attn, "q_norm")  # Qwen3: RMSNorm per head before RoPE
+        # RoPE rounded as transformers' apply_rotary_pos_emb (a product, a product, a sum)
+        # rather than with a fused multiply-add: the batch-invariant engine's, so that its
+        # numbers are the trainer's, whose forward runs the model's own modules
+        self.rope_as_model = False
         self.model = model
         self.qkv: list[nn.Linear] = [None] * len(self.layers)  # type: ignore[list-item]
         self.gate_up: list[nn.Linear] = [None] * len(self.layers)  # type: ignore[list-item]
@@ -156,7 +160,10 @@ class FusedDecoder:
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # rotate_half(x) = cat(-x2, x1) = roll(x, D/2) with the first half's sign flipped
-        return torch.addcmul(x * cos, torch.roll(x, self.head_dim // 2, dims=-1), sin)
+        rolled = torch.roll(x, self.head_dim // 2, dims=-1)
+        if self.rope_as_model:  # two products and a sum, rounded as the model's modules do
+            return x * cos + rolled * sin
+        return torch.addcmul(x * cos, rolled, sin)
 
     def forward(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any

@@ -45,17 +45,17 @@ import numpy as np
 import torch
 
 from streamrl.engines.batching import StepEngine, stop_string_hit, stop_window
+from streamrl.engines.drawing import Drawing
+from streamrl.engines.fallback_runner import HFCacheRunner
 from streamrl.engines.fused_layers import fused_away, supports_fused
-from streamrl.engines.kv_cache import HFCacheRunner, LlamaSlotRunner, Prefill, supports_fast_path
+from streamrl.engines.isolation import check_request
+from streamrl.engines.kv_cache import LlamaSlotRunner, Prefill, supports_fast_path
+from streamrl.engines.prefixes import plan_prefills
 from streamrl.engines.quantize import EngineWeights, pack_linears, pack_threads, repack
 from streamrl.engines.sampling import (
     context_key,
-    counter_uniform,
     fold_tokens,
     is_raw,
-    sample,
-    sampling_logits,
-    shifted_uniform,
 )
 from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.types import GenerationRequest, GenerationResult
@@ -75,6 +75,7 @@ class EngineStats:
     decode_steps: int = 0  # steps that decoded active slots (one forward per step)
     tokens_generated: int = 0  # tokens returned to callers
     requests_finished: int = 0
+    requests_failed: int = 0  # failed alone: bad parameters or tokens, NaN logits
     slot_refills: int = 0  # admissions into a slot that served an earlier request
     weight_updates: int = 0
     prefix_tokens_reused: int = 0  # prompt tokens whose KV was copied from another slot
@@ -102,7 +103,7 @@ class _Seq:
         return self.request.prompt_ids + forced[: self.scored]
 
 
-class LocalEngine(StepEngine):
+class LocalEngine(Drawing, StepEngine):
     """Batched KV-cache inference with continuous batching over ``decode_slots`` slots.
 
     model:          a transformers causal LM; Llama-family models take the fast
@@ -127,6 +128,12 @@ class LocalEngine(StepEngine):
                     steps that prefill stay eager. It needs the
                     fused layers, and pays where a step is bound by per-op overhead
                     (small models; see ``benchmarks/results/engine.md``).
+    batch_invariant: a request's tokens and log-probs do not depend on what else the step
+                    batched with it, nor on when it arrived (``rollout.batch_invariant``;
+                    :mod:`streamrl.engines.invariant`): its products run on padded rows and
+                    its prompt's attention on the decode rows' kernel. The per-slot
+                    fallback (non-Llama models) computes every slot alone, so it is
+                    batch-invariant either way. Not with ``compile_decode``.
     """
 
     def __init__(
@@ -141,6 +148,7 @@ class LocalEngine(StepEngine):
         weights: EngineWeights = "float32",
         fuse_layers: bool | None = None,
         compile_decode: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
         if decode_slots < 1:
             raise ValueError(f"decode_slots must be >= 1, got {decode_slots}")
@@ -155,6 +163,7 @@ class LocalEngine(StepEngine):
         self.stats = EngineStats()
         self.fast_path = supports_fast_path(model, self.max_seq_len)
         self.compiled = compile_decode
+        self.batch_invariant = batch_invariant
         if fuse_layers is None:
             fuse_layers = self.device.type == "cpu"
         fuse = self.fast_path and fuse_layers and supports_fused(model)
@@ -162,6 +171,8 @@ class LocalEngine(StepEngine):
             raise ValueError(
                 f"compile_decode is built and measured for the CPU engine, not {self.device}"
             )
+        if compile_decode and batch_invariant:
+            raise ValueError("compile_decode cannot be batch-invariant (rollout.batch_invariant)")
         if compile_decode and not fuse:
             raise ValueError(
                 f"compile_decode needs the engine's fused Llama-family decoder layers; "
@@ -183,10 +194,11 @@ class LocalEngine(StepEngine):
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
                 model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed,
-                compile_decode=compile_decode,
+                compile_decode=compile_decode, batch_invariant=batch_invariant,
             )  # fmt: skip
         else:
             self.runner = HFCacheRunner(model, decode_slots, self.max_seq_len)
+        self._vocab = model.get_input_embeddings().num_embeddings  # valid token ids
         # hook called at every step boundary (tests, metrics); may call update_weights
         self.on_step: Callable[[LocalEngine], None] | None = None
 
@@ -230,10 +242,12 @@ class LocalEngine(StepEngine):
     def _enqueue(self, items: list[tuple[GenerationRequest, Callable[..., None]]]) -> None:
         seqs = []
         for req, on_done in items:
-            if not req.prompt_ids:
-                raise ValueError("GenerationRequest.prompt_ids is empty; need at least one token")
-            if req.params.stop and self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer: LocalEngine(model, tokenizer)")
+            try:
+                check_request(req, self._vocab, self.tokenizer)
+            except (ValueError, TypeError) as exc:  # this request fails, alone
+                self.stats.requests_failed += 1
+                on_done(exc)
+                continue
             seqs.append(_Seq(req, on_done, stop_window=stop_window(req.params.stop)))
         with self._queue_lock:
             self._pending.extend(seqs)
@@ -310,29 +324,33 @@ class LocalEngine(StepEngine):
         self.stats.weight_updates += 1
 
     def _forward_and_sample(self) -> None:
-        """Decodes every active slot and prefills newly admitted requests in one forward."""
+        """Decodes every active slot and prefills newly admitted requests in one forward.
+
+        A failure of the forward fails every request in it (``_step``); one that belongs
+        to a request (its sampling, its forced tokens, its stop strings) fails that
+        request alone, and the others go on as if it had not been there."""
         decoding = [q for q in self._slots if q is not None]  # ascending slot order
         admitted = self._admit()
         if not decoding and not admitted:
             return
         seqs = decoding + admitted
         slots = [q.slot for q in seqs]
-        slot_t = torch.tensor(slots, device=self.device)
-        raw = all(self._raw[s] for s in slots)  # sampling from softmax(logits) or greedy
         self.stats.decode_steps += bool(decoding)
+        drawn = None  # (tokens, log-probs) drawn inside the compiled graph
         if self.compiled and not admitted:  # one graph from the step plan to drawn tokens
             logits, tokens, token_lp = self.runner.decode_all(  # type: ignore[union-attr]
                 self._next_tok, self._noise(slice(None)), self._greedy_cpu
             )  # every slot's rows: keep the decoding ones'
             if len(slots) < self.decode_slots:
+                slot_t = torch.tensor(slots, device=self.device)
                 logits, tokens, token_lp = logits[slot_t], tokens[slot_t], token_lp[slot_t]
-            drawn = raw  # the graph's draw is the one for raw rows
+            if all(self._raw[s] for s in slots):  # the graph's draw is the one for raw rows
+                drawn = (tokens, token_lp)
         else:
             prefills = self._plan_prefills(decoding, admitted)
             logits = self.runner.step(
                 [q.slot for q in decoding], self._next_tok, prefills
             )  # (len(seqs) + scored rows, V)
-            drawn = False
             if admitted:
                 self.stats.prefill_steps += 1
                 self.stats.prefill_tokens += sum(len(f.prompt) - f.shared for f in prefills)
@@ -340,57 +358,28 @@ class LocalEngine(StepEngine):
             if len(logits) > len(seqs):  # forced tokens scored in their prefill
                 self._record_scored(admitted, logits[len(seqs) :])
                 logits = logits[: len(seqs)]
-        # per-row sampling state gathered by slot (tiny tensors, one index op each)
-        scores = logits if raw else self._sampling_scores(logits, slots)
-        if not drawn:
-            noise = self._noise(slots)
-            tokens, token_lp = sample(scores, self._greedy_cpu[slots], noise)
-        forced = [i for i, q in enumerate(seqs) if q.request.forced_ids is not None]
-        if forced:  # teacher-forced rows: the given token and its log-prob, not a sample
-            rows = torch.tensor(forced, device=self.device)
-            want = [seqs[i].request.forced_ids[len(seqs[i].token_ids)] for i in forced]  # type: ignore[index]
-            want_t, lp = self._forced_logprobs(scores[rows], want)
-            tokens[rows], token_lp[rows] = want_t, lp.to(token_lp.dtype)
-        self._next_tok[slot_t] = tokens
+                live = [i for i, q in enumerate(seqs) if self._slots[q.slot] is q]
+                if len(live) < len(seqs):  # some failed scoring their forced tokens
+                    seqs, slots = [seqs[i] for i in live], [slots[i] for i in live]
+                    logits = logits[torch.tensor(live, device=self.device)]
+        tokens_l, lps, failed = self._draw_isolated(seqs, logits, drawn)
+        for i, exc in failed.items():
+            self._fail(seqs[i], exc)
+        ok = [i for i, q in enumerate(seqs) if i not in failed and self._slots[q.slot] is q]
+        if not ok:
+            return
+        slots = [slots[i] for i in ok]
+        drawn_ids = [tokens_l[i] for i in ok]
+        self._next_tok[torch.tensor(slots, device=self.device)] = torch.tensor(
+            drawn_ids, device=self.device
+        )
         self._count[slots] += np.uint64(1)
-        drawn_ids = tokens.tolist()
         folding = self._stratified[slots]
         if folding.any():
             at = np.asarray(slots)[folding]
             self._seed[at] = fold_tokens(self._seed[at], np.asarray(drawn_ids)[folding])
-        for q, tok, lp in zip(seqs, drawn_ids, token_lp.tolist(), strict=True):
-            self._record(q, tok, lp)
-
-    def _noise(self, slots: list[int] | slice) -> torch.Tensor:
-        """The uniform of each slot's next token (GenerationRequest.stratum shifts it)."""
-        u = counter_uniform(self._seed[slots], self._count[slots])
-        return shifted_uniform(u, self._shift[slots]) if self._stratified[slots].any() else u
-
-    def _record_scored(self, admitted: list[_Seq], logits: torch.Tensor) -> None:
-        """Records the forced tokens scored in their prefill (``logits``: one row per
-        token, in admission order), before the step takes each one's last forced token
-        from its last prompt row as usual."""
-        scored = [q for q in admitted if q.scored]
-        slots = [q.slot for q in scored for _ in range(q.scored)]
-        if not all(self._raw[s] for s in slots):
-            logits = self._sampling_scores(logits, slots)
-        want = [t for q in scored for t in q.request.forced_ids[: q.scored]]  # type: ignore[index]
-        lps = iter(self._forced_logprobs(logits, want)[1].tolist())
-        for q in scored:
-            for tok in q.request.forced_ids[: q.scored]:  # type: ignore[index]
-                self._record(q, tok, next(lps))  # never the last: no release here
-
-    def _sampling_scores(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
-        """Each row's logits under its slot's temperature, top-k and top-p."""
-        slot_t = torch.tensor(slots, device=self.device)
-        return sampling_logits(logits, self._temp[slot_t], self._top_k[slot_t], self._top_p[slot_t])
-
-    def _forced_logprobs(
-        self, scores: torch.Tensor, want: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The given tokens (one per row of ``scores``) and their log-probs."""
-        want_t = torch.tensor(want, device=self.device)
-        return want_t, torch.log_softmax(scores.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
+        for i, tok in zip(ok, drawn_ids, strict=True):
+            self._record(seqs[i], tok, lps[i])
 
     def _scored_in_prefill(self, q: _Seq) -> int:
         """How many of ``q``'s forced tokens its prefill scores before its last row.
@@ -408,29 +397,11 @@ class LocalEngine(StepEngine):
         return max(n - 1, 0)
 
     def _plan_prefills(self, decoding: list[_Seq], admitted: list[_Seq]) -> list[Prefill]:
-        """Finds, for each new prompt, the slot sharing its longest prefix.
-
-        Candidates are the decoding slots (prompt + generated tokens, except the
-        last one whose KV is written during this very step) and the prompts
-        admitted before it in this step. At least one prompt token is always
-        computed, since its logits give the first sampled token.
-        """
+        """For each new prompt, the slot sharing its longest prefix (:func:`plan_prefills`)."""
         if not getattr(self.runner, "shares_prefixes", False):
             return [Prefill(q.slot, q.prefill_ids, scored=q.scored) for q in admitted]
         known = [(q.slot, q.request.prompt_ids + q.token_ids[:-1]) for q in decoding]
-        plans = []
-        for q in admitted:
-            prompt = q.prefill_ids
-            best, src = 0, -1
-            for slot, toks in known:
-                if toks and toks[0] == prompt[0]:
-                    shared = _common_prefix_len(prompt, toks)
-                    if shared > best:
-                        best, src = shared, slot
-            shared = min(best, len(prompt) - 1 - q.scored)  # scored positions are computed
-            plans.append(Prefill(q.slot, prompt, src, shared, q.scored))
-            known.append((q.slot, prompt))
-        return plans
+        return plan_prefills(known, [(q.slot, q.prefill_ids, q.scored) for q in admitted])
 
     def _admit(self) -> list[_Seq]:
         """Moves pending requests (FIFO) into free slots (lowest index first)."""
@@ -473,7 +444,12 @@ class LocalEngine(StepEngine):
         q.versions.append(self.version)
         self.stats.tokens_generated += 1
         p = q.request.params
-        if token in p.stop_token_ids or (q.stop_window and self._hit_stop_string(q)):
+        try:  # decoding this request's tokens may fail: it fails alone
+            stop = token in p.stop_token_ids or bool(q.stop_window and self._hit_stop_string(q))
+        except Exception as exc:
+            self._fail(q, exc)
+            return
+        if stop:
             self._release(q, "stop")
         elif (
             len(q.token_ids) >= p.max_new_tokens
@@ -492,6 +468,15 @@ class LocalEngine(StepEngine):
         self._slots[s] = None
         heapq.heappush(self._free, s)
         self._finish(q, reason)
+
+    def _fail(self, q: _Seq, exc: BaseException) -> None:
+        """Fails ``q`` alone: its slot is freed and its caller gets ``exc``."""
+        if q.slot >= 0 and self._slots[q.slot] is q:
+            self.runner.release(q.slot)
+            self._slots[q.slot] = None
+            heapq.heappush(self._free, q.slot)
+        self.stats.requests_failed += 1
+        q.on_done(exc)
 
     def _finish(self, q: _Seq, reason: str) -> None:
         self.stats.requests_finished += 1
@@ -516,17 +501,3 @@ class LocalEngine(StepEngine):
             q.on_done(exc)
         for q in pending:
             q.on_done(exc)
-
-
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # fast path (C comparison): one is a prefix of the other
-        return n
-    lo, hi = 0, n  # binary search on list-slice equality: O(n log n) in C, not a Python loop
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

@@ -25,13 +25,13 @@ Two runners share one interface (``step``, ``weights_loaded``, ``release``):
 
 - :class:`LlamaSlotRunner` (fast path, Llama family: Llama, SmolLM2, Mistral,
   Qwen2, Qwen3) with the preallocated :class:`SlotKVCache`;
-- :class:`HFCacheRunner` (fallback, any causal LM): the model's ordinary
-  forward, batch 1 per slot, each slot with its own Hugging Face cache.
+- :class:`~streamrl.engines.fallback_runner.HFCacheRunner` (fallback, any causal LM):
+  the model's ordinary forward, batch 1 per slot, each slot with its own Hugging Face
+  cache.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from contextlib import nullcontext
@@ -46,6 +46,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from streamrl.engines import invariant
+from streamrl.engines.compile_guards import guards_kept, own_code
 from streamrl.engines.fused_layers import FusedDecoder
 from streamrl.engines.sampling import sample
 
@@ -80,15 +82,26 @@ def slot_attention(
     slot_cache: SlotKVCache | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention for engine steps; plain sdpa for any other forward of the model.
+    """Attention for engine steps; for any other forward of the model (a trainer or an
+    evaluation sharing the model object), the attention it had before an engine took it
+    (:data:`OUTSIDE_STEPS`): the batch-invariant trainer's, or plain sdpa.
 
     query: (1, H, T, D), key/value: (1, H_kv, T, D) -> output (1, T, H, D).
     """
     if slot_cache is None:  # training / reference forwards of the same model object
+        if getattr(module, OUTSIDE_STEPS, None) == invariant.ATTN_IMPL:
+            return invariant.sequence_attention(
+                module, query, key, value, attention_mask, scaling=scaling, **kwargs
+            )
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     return slot_cache.attend(module.layer_idx, query, key, value, scaling), None
+
+
+# attribute of an attention module: the implementation its model had before an engine set
+# its own (a module attribute, so the saved config never holds it)
+OUTSIDE_STEPS = "_streamrl_outside_steps"
 
 
 # Not cuDNN's attention: on CUDA it is what sdpa picks for bf16 with a mask, and it costs
@@ -123,6 +136,7 @@ class SlotKVCache:
         max_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        batch_invariant: bool = False,
     ) -> None:
         self.num_slots, self.kv_heads, self.head_dim = num_slots, kv_heads, head_dim
         self.num_layers, self.max_len = num_layers, max_len
@@ -135,9 +149,13 @@ class SlotKVCache:
         self.pos = self.mask = self.flat_idx = None  # (n,), (n, 1, 1, kv_len), (n*H_kv,)
         # (slot, token offset, prompt length, source slot, shared prefix length)
         self.prefills: list[tuple[int, int, int, int, int]] = []
-        self.prefix_masks: list[torch.Tensor | None] = []  # (t_new, P) bool, when shared
+        # (t_new, P) bool, when shared; batch-invariant: invariant.causal_mask (1, M, L)
+        self.prefix_masks: list[torch.Tensor | None] = []
+        # batch-invariant attention (streamrl.engines.invariant): decode and prefill rows
+        # alike, over a multiple of invariant.KEYS keys (the capacity is one)
+        self.invariant = batch_invariant
         # decode attention by batched matmuls on CPU (measured faster there), sdpa elsewhere
-        self.decode_bmm = self.device.type == "cpu"
+        self.decode_bmm = self.device.type == "cpu" or batch_invariant
         self.mask_bmm: torch.Tensor | None = None  # (n * H_kv, 1, kv_len), with decode_bmm
 
     def _decode_bmm(
@@ -163,6 +181,8 @@ class SlotKVCache:
         if length <= self.capacity:
             return False
         new = min(self.max_len, max(length, 2 * self.capacity, 64))
+        if self.invariant:  # attention runs over whole key blocks
+            new = invariant.round_up(max(new, length), invariant.KEYS)
         shape = (self.num_slots, self.kv_heads, new, self.head_dim)
         for store in (self.keys, self.values):
             for i in range(self.num_layers):
@@ -182,7 +202,8 @@ class SlotKVCache:
         _, h, t, d = q.shape
         kvh = k.shape[1]
         kbuf, vbuf = self.keys[layer], self.values[layer]
-        out = q.new_empty((t, h, d))
+        # batch-invariant steps pad the token axis: the padding rows' outputs are zeros
+        out = q.new_zeros((t, h, d)) if self.invariant else q.new_empty((t, h, d))
         n = self.n
         if n:
             # decode writes go first: a slot admitted this step may sit inside [0:n]
@@ -199,11 +220,19 @@ class SlotKVCache:
             keys, vals = kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len]  # views, no copy
             # grouped-query: fold the query heads of one kv head into the query axis
             qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
-            if self.decode_bmm:
+            if self.invariant:
+                o = invariant.attention(
+                    qd.flatten(0, 1),
+                    keys.flatten(0, 1),
+                    vals.flatten(0, 1),
+                    self.mask_bmm,
+                    d**-0.5 if scale is None else scale,
+                )
+            elif self.decode_bmm:
                 o = self._decode_bmm(qd, keys, vals, scale)
             else:
                 o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=self.mask, scale=scale)
-            if not self.prefills:  # pure decode step: no staging buffer needed
+            if not self.prefills and t == n:  # pure decode step: no staging buffer needed
                 return o.reshape(1, n, h, d)
             out[:n] = o.reshape(n, h, d)
         for (slot, off, p, src, shared), mask in zip(self.prefills, self.prefix_masks, strict=True):
@@ -214,6 +243,15 @@ class SlotKVCache:
                 vbuf[slot, :, :shared] = vbuf[src, :, :shared]
             kbuf[slot, :, shared:p] = ks[0]
             vbuf[slot, :, shared:p] = vs[0]
+            if self.invariant:
+                out[off : off + t_new] = invariant.prefill_attention(
+                    q[0, :, off : off + t_new],
+                    kbuf[slot],
+                    vbuf[slot],
+                    mask,
+                    d**-0.5 if scale is None else scale,
+                )
+                continue
             qs = q[:, :, off : off + t_new]
             gqa = kvh != h
             if shared:  # causal, aligned to the end: query i sees keys [0, shared + i]
@@ -271,20 +309,41 @@ class LlamaSlotRunner:
         fuse: bool = False,
         packed: str = "",  # the engine weights' packing, "" for plain fp32
         compile_decode: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
-        _set_attn_impl(model, ATTN_IMPL)
+        if compile_decode and batch_invariant:
+            raise ValueError(
+                "compile_decode cannot be batch-invariant: its graphs reduce in their own order"
+            )
+        before = getattr(model.config, "_attn_implementation", None)
+        for layer in model.model.layers:  # other forwards of this model keep their attention
+            if before != ATTN_IMPL:
+                setattr(layer.self_attn, OUTSIDE_STEPS, before)
+        set_attn_impl(model, ATTN_IMPL)
         inner, cfg = model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.layers = list(inner.layers[: cfg.num_hidden_layers])
         self.lm_head = model.lm_head
         # fuse: the caller checked supports_fused (LocalEngine decides, and packs to match)
         self.fused = FusedDecoder(model, packed) if fuse else None
+        if self.fused is not None:
+            self.fused.rope_as_model = batch_invariant
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.heads_per_kv = cfg.num_attention_heads // kv_heads
+        # batch-invariant numerics (streamrl.engines.invariant): padded rows and keys
+        self.invariant = batch_invariant
         self.cache = SlotKVCache(
-            len(self.layers), num_slots, kv_heads, head_dim, max_seq_len, self.dtype, self.device
+            len(self.layers),
+            num_slots,
+            kv_heads,
+            head_dim,
+            max_seq_len,
+            self.dtype,
+            self.device,
+            batch_invariant,
         )
         self.neg = torch.finfo(self.dtype).min
         self.mask = torch.empty((num_slots, 1, 1, 0), dtype=self.dtype, device=self.device)
@@ -313,10 +372,10 @@ class LlamaSlotRunner:
             # own code object), so another engine in the process never runs them.
             # cpp_wrapper: the kernels are called from C++, not from a Python wrapper.
             self.compiled = torch.compile(
-                _own_code(self._decode_all),
+                own_code(self._decode_all),
                 dynamic=False,
                 fullgraph=True,
-                options={"cpp_wrapper": True, "guard_filter_fn": _guards_kept},
+                options={"cpp_wrapper": True, "guard_filter_fn": guards_kept},
             )
 
     def _ensure_capacity(self, length: int) -> None:
@@ -348,11 +407,14 @@ class LlamaSlotRunner:
         """
         n = decode_slots[-1] + 1 if decode_slots else 0
         ids, pos, last, scored = self._layout(n, tokens, prefills)
-        rows = torch.tensor(decode_slots + last + scored, device=self.device)
+        sampled = decode_slots + last + scored
+        if self.invariant:  # the head on a multiple of ROWS rows (row 0 again)
+            sampled += [0] * (invariant.round_up(len(sampled), invariant.ROWS) - len(sampled))
+        rows = torch.tensor(sampled, device=self.device)
         with self._sdpa():  # the head on the sampled rows only
             logits = self._logits(ids, pos, rows)
         self._advance(n, prefills)
-        return logits
+        return logits[: len(decode_slots) + len(last) + len(scored)]
 
     def decode_all(
         self, tokens: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
@@ -409,8 +471,10 @@ class LlamaSlotRunner:
         return h[0]
 
     def _kv_len(self, n: int) -> int:
-        """Keys decode rows [0:n] attend over: the longest active length, plus the new one."""
-        return max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+        """Keys decode rows [0:n] attend over: the longest active length, plus the new one
+        (batch-invariant: rounded up to whole key blocks)."""
+        kv_len = max(max(self.base[:n], default=self._IDLE) + self.steps, 0) + 1
+        return invariant.round_up(kv_len, invariant.KEYS) if self.invariant else kv_len
 
     def _layout(
         self, n: int, tokens: torch.Tensor, prefills: list[Prefill]
@@ -432,14 +496,26 @@ class LlamaSlotRunner:
             if shared > p - 1 - f.scored:
                 raise ValueError(f"a scored prefill shares {shared} of its {p} tokens")
             c.prefills.append((f.slot, off, p, f.source, shared))
-            mask = torch.ones((p - shared, p), dtype=torch.bool).tril(shared) if shared else None
-            c.prefix_masks.append(None if mask is None else mask.to(self.device))
+            if self.invariant:  # the same for every layer: built once a step
+                rep = self.heads_per_kv
+                c.prefix_masks.append(
+                    invariant.causal_mask(shared, p - shared, rep, self.dtype, self.device)
+                )
+            elif shared:
+                mask = torch.ones((p - shared, p), dtype=torch.bool).tril(shared)
+                c.prefix_masks.append(mask.to(self.device))
+            else:
+                c.prefix_masks.append(None)
             flat_ids += f.prompt[shared:]
             flat_pos += range(shared, p)
             off += p - shared
             last.append(off - 1)
             scored += range(off - 1 - f.scored, off - 1)
-        if prefills:
+        if self.invariant:  # every product on a multiple of ROWS rows: pad with token 0
+            pad = invariant.round_up(off, invariant.ROWS) - off
+            flat_ids += [0] * pad
+            flat_pos += [0] * pad
+        if flat_ids:
             ids.append(torch.tensor(flat_ids, dtype=torch.long).to(self.device))
             pos.append(torch.tensor(flat_pos, dtype=torch.long).to(self.device))
         return torch.cat(ids)[None], torch.cat(pos)[None], last, scored
@@ -495,75 +571,7 @@ class LlamaSlotRunner:
         self.mask[slot, ..., 0] = 0.0
 
 
-# torch state a compiled step is only valid under (cheap guards, kept)
-_STATE_GUARDS = {
-    "GLOBAL_STATE", "GRAD_MODE", "DEFAULT_DEVICE", "DETERMINISTIC_ALGORITHMS",
-    "TORCH_FUNCTION_STATE", "AUTOGRAD_SAVED_TENSORS_HOOKS",
-}  # fmt: skip
-
-
-def _guards_kept(entries: list[Any]) -> list[bool]:
-    """A compiled decode step's guards: its input tensors' (not the parameters') and
-    torch's global state (``guard_filter_fn``)."""
-    return [
-        (e.guard_type == "TENSOR_MATCH" and not isinstance(e.value, nn.Parameter))
-        or e.guard_type in _STATE_GUARDS
-        for e in entries
-    ]
-
-
-def _own_code(method: Any) -> Any:
-    """``method`` with a copy of its code object: torch.compile keeps its graphs (and
-    counts recompiles) per code object, so this gives the bound object its own."""
-    fn = method.__func__
-    code = fn.__code__.replace()
-    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    return types.MethodType(fresh, method.__self__)
-
-
-class HFCacheRunner:
-    """Fallback for any causal LM: ordinary forward, batch 1 per slot, own HF cache each.
-
-    Correct for every architecture (sliding windows, learned positions, ...) at
-    the price of one forward call per sequence per step.
-    """
-
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_seq_len: int) -> None:
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.caches: list[Any] = [None] * num_slots
-
-    def _run(self, ids: list[int], cache: Any, rows: int = 1) -> tuple[torch.Tensor, Any]:
-        """The next-token logits of the last ``rows`` positions (rows, V), and the cache."""
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, past_key_values=cache, use_cache=True)
-        return out.logits[0, -rows:].float(), out.past_key_values
-
-    shares_prefixes = False
-
-    def step(
-        self, decode_slots: list[int], tokens: torch.Tensor, prefills: list[Prefill]
-    ) -> torch.Tensor:
-        """Same contract as :meth:`LlamaSlotRunner.step` (prefix sharing not supported)."""
-        rows, scored = [], []
-        last = tokens.tolist()
-        for s in decode_slots:
-            logits, self.caches[s] = self._run([last[s]], self.caches[s])
-            rows.append(logits)
-        for f in prefills:
-            logits, self.caches[f.slot] = self._run(f.prompt, None, 1 + f.scored)
-            rows.append(logits[-1:])
-            scored.append(logits[:-1])
-        return torch.cat(rows + scored)
-
-    def weights_loaded(self, names: Iterable[str], executor: Executor | None = None) -> None:
-        pass
-
-    def release(self, slot: int) -> None:
-        self.caches[slot] = None
-
-
-def _set_attn_impl(model: torch.nn.Module, name: str) -> None:
+def set_attn_impl(model: torch.nn.Module, name: str) -> None:
     try:
         model.set_attn_implementation(name)
     except (AttributeError, ValueError, ImportError):

@@ -33,6 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from streamrl.engines import invariant
 
 # Fraction of the padded forward's estimated FLOPs packing must save to be used.
 MIN_SAVING = 0.2
@@ -41,9 +44,24 @@ MAX_TOKENS = 8192
 
 
 @dataclass
+class Segments:
+    """Each segment's tokens as a sequence of its own, for attention that wants a query's
+    keys in position order (``invariant.sequence_attention``). Segment s (a prompt, or a
+    row's rest) has its queries at flat positions ``queries[s]`` and sees the keys at
+    flat positions ``keys[s]``, in position order (a rest: its prompt's, then its own);
+    the query at ``queries[s, i]`` sees ``keys[s, :qpos[s, i] + 1]``. Padding is flat
+    position T (one past the tokens) and qpos -1."""
+
+    keys: torch.Tensor  # (S, L) long, L a multiple of invariant.KEYS
+    queries: torch.Tensor  # (S, Q) long
+    qpos: torch.Tensor  # (S, Q) long
+
+
+@dataclass
 class PackedLayout:
     """ids, pos (1, T); mask (1, 1, T, T) bool; the hidden state at flat position
-    ``src[k]`` belongs at ``(row[k], col[k])`` of the (n, t) batch."""
+    ``src[k]`` belongs at ``(row[k], col[k])`` of the (n, t) batch. ``segments`` (with
+    ``pack(batch_invariant=True)``) lays the same tokens out per segment."""
 
     ids: torch.Tensor
     pos: torch.Tensor
@@ -52,6 +70,7 @@ class PackedLayout:
     row: torch.Tensor
     col: torch.Tensor
     shared_prompts: int  # rows that reuse another row's prompt
+    segments: Segments | None = None
 
     @property
     def tokens(self) -> int:
@@ -65,9 +84,12 @@ def pack(
     width: int,
     min_saving: float = MIN_SAVING,
     max_tokens: int = MAX_TOKENS,
+    batch_invariant: bool = False,
 ) -> PackedLayout | None:
     """The packed layout of a right-padded batch for a decoder of hidden size ``width``,
-    or None when it would not pay (or the rows are not right-padded)."""
+    or None when it would not pay (or the rows are not right-padded).
+    ``batch_invariant``: the flat axis is padded to a multiple of ``invariant.ROWS``
+    tokens (each seeing itself only), and the layout carries its :class:`Segments`."""
     device = input_ids.device
     ids_cpu, att = input_ids.cpu(), attention_mask.cpu()
     n, t = ids_cpu.shape
@@ -113,7 +135,13 @@ def pack(
     seg = torch.repeat_interleave(torch.arange(len(seg_start)), seg_len)  # (T,)
     pos = torch.arange(total) - bounds[:-1][seg] + torch.tensor(seg_pos0)[seg]
     parent = torch.tensor(seg_parent)[seg]
-    q, k = torch.arange(total)[:, None], torch.arange(total)[None]
+    segments, extra = None, 0
+    if batch_invariant:  # padding tokens: segments of their own, at position 0
+        extra = invariant.round_up(total, invariant.ROWS) - total
+        segments = _segments(seg_start, seg_parent, seg_len.tolist(), seg_pos0, total + extra)
+        seg = torch.cat([seg, torch.arange(len(seg_start), len(seg_start) + extra)])
+        parent = F.pad(parent, (0, extra), value=-1)
+    q, k = torch.arange(total + extra)[:, None], torch.arange(total + extra)[None]
     own = (seg[:, None] == seg[None]) & (k <= q)
     mask = own | (parent[:, None] == seg[None])  # a rest sees all of its prompt
 
@@ -125,22 +153,52 @@ def pack(
     row = torch.cat([torch.arange(n), torch.repeat_interleave(torch.arange(n), rest_len)])
     col = torch.cat([torch.tensor(cut) - 1, pos[bounds[n_prompts] :]])
     return PackedLayout(
-        ids=torch.tensor(flat, device=device)[None],
-        pos=pos.to(device)[None],
+        ids=torch.tensor(flat + [0] * extra, device=device)[None],
+        pos=F.pad(pos, (0, extra)).to(device)[None],
         mask=mask.to(device)[None, None],
         src=src.to(device),
         row=row.to(device),
         col=col.to(device),
         shared_prompts=n - n_prompts,
+        segments=None
+        if segments is None
+        else Segments(*(x.to(device) for x in (segments.keys, segments.queries, segments.qpos))),
+    )
+
+
+def _segments(
+    start: list[int], parent: list[int], length: list[int], pos0: list[int], pad: int
+) -> Segments:
+    """:class:`Segments` of the packed segments (flat ``start``, ``length``, ``parent``
+    prompt or -1, position of the first token ``pos0``); ``pad`` is the padding index."""
+    keys, queries, qpos = [], [], []
+    for s, (a, m, p0) in enumerate(zip(start, length, pos0, strict=True)):
+        own = list(range(a, a + m))
+        p = parent[s]
+        keys.append((list(range(start[p], start[p] + length[p])) if p >= 0 else []) + own)
+        queries.append(own)
+        qpos.append(list(range(p0, p0 + m)))
+    width = invariant.round_up(max(map(len, keys)), invariant.KEYS)
+    q_width = max(map(len, queries))
+    return Segments(
+        torch.tensor([x + [pad] * (width - len(x)) for x in keys]),
+        torch.tensor([x + [pad] * (q_width - len(x)) for x in queries]),
+        torch.tensor([x + [-1] * (q_width - len(x)) for x in qpos]),
     )
 
 
 def packed_hidden(decoder: torch.nn.Module, layout: PackedLayout, n: int, t: int) -> torch.Tensor:
     """Last hidden states (n, T, H) from one packed decoder call. Filled: the position
     before each row's own tokens and its own tokens' positions (the positions that
-    predict its own tokens); the shared prompt's earlier positions are 0."""
+    predict its own tokens); the shared prompt's earlier positions are 0. The layout's
+    segments, if any, reach the attention function (``invariant.sequence_attention``)."""
+    extra = {} if layout.segments is None else {"segments": layout.segments}
     h = decoder(
-        input_ids=layout.ids, attention_mask=layout.mask, position_ids=layout.pos, use_cache=False
+        input_ids=layout.ids,
+        attention_mask=layout.mask,
+        position_ids=layout.pos,
+        use_cache=False,
+        **extra,
     ).last_hidden_state[0]  # (T, H)
     out = h.new_zeros(n, t, h.shape[-1])
     return out.index_put((layout.row, layout.col), h[layout.src])

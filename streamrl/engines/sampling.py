@@ -16,6 +16,7 @@ Two pure pieces the inference engine composes once per decode step:
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -81,6 +82,19 @@ def fold_tokens(keys: np.ndarray, tokens: ArrayLike) -> np.ndarray:
         return _splitmix64(keys + t * _GOLDEN)
 
 
+_I64 = 1 << 63
+
+
+def check_params(temperature: float, top_k: int, top_p: float) -> None:
+    """Raises ValueError unless the sampler can take these: finite numbers, and a top-k
+    that fits in 64 bits. Every finite value is served (see :func:`sampling_logits`)."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not isinstance(top_k, int) or not -_I64 <= top_k < _I64:
+        raise ValueError(f"top_k must be a 64-bit integer, got {top_k!r}")
+
+
 def is_raw(temperature: float, top_k: int, top_p: float) -> bool:
     """Whether a request samples from softmax(raw logits) or greedily: its log-probs are
     the raw log-softmax (what a forward gives, and vLLM's prompt log-probs)."""
@@ -116,12 +130,16 @@ def sampling_logits(
                                 tokens are -inf
 
     The order (temperature, top-k, top-p on the renormalised top-k set) matches
-    Hugging Face's default warper order.
+    Hugging Face's default warper order. For any finite parameters every row keeps at
+    least its most likely token (the argmax): a temperature so small that the scaled
+    logits overflow scales them after subtracting the row's largest, a top-p of 0 (or
+    below the first token's mass) keeps the first token, and a row's processing depends on
+    that row alone (a row with top_p = 1 drops nothing, whatever its neighbours ask).
     """
     logits = logits.float()
     greedy = temperature <= 0
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits)
-    scaled = logits if bool((temp == 1.0).all()) else logits / temp[:, None]
+    scaled = logits if bool((temp == 1.0).all()) else _scaled(logits, temp)
     # filters only apply to sampled rows; skip the sort/top-k entirely when unused
     k = torch.where(greedy, torch.zeros_like(top_k), top_k)
     p = torch.where(greedy, torch.ones_like(top_p), top_p).to(logits)
@@ -130,6 +148,17 @@ def sampling_logits(
         scaled = _filter_top_k_top_p(scaled, k, p)
     elif use_k:
         scaled = _filter_top_k(scaled, k)
+    return scaled
+
+
+def _scaled(logits: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
+    """logits / temperature per row; a row that overflows (a tiny temperature) is scaled
+    after subtracting its largest logit, which keeps its argmax at 0 and finite."""
+    scaled = logits / temp[:, None]
+    over = torch.isinf(scaled).any(-1)
+    if bool(over.any()):
+        shifted = (logits - logits.amax(-1, keepdim=True)) / temp[:, None]
+        scaled = torch.where(over[:, None], shifted, scaled)
     return scaled
 
 
@@ -150,10 +179,12 @@ def _filter_top_k_top_p(scaled: torch.Tensor, k: torch.Tensor, p: torch.Tensor) 
         scaled = _filter_top_k(scaled, k)
     sorted_vals, order = torch.sort(scaled, dim=-1, descending=True)  # (B, V)
     probs = torch.softmax(sorted_vals, dim=-1)
-    # mass strictly before each token; a token is kept while that mass < top_p,
-    # so the first token is always kept and the kept set is the minimal prefix
+    # mass strictly before each token; a token is kept while that mass < top_p, so the
+    # kept set is the minimal prefix. The first token is kept whatever top_p (0 included),
+    # and a row with top_p = 1 keeps everything (its cumsum may round past 1 at the tail)
     before = torch.cumsum(probs, dim=-1) - probs
-    drop_sorted = before >= p[:, None]
+    drop_sorted = (before >= p[:, None]) & (p[:, None] < 1.0)
+    drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
     return scaled.masked_fill(drop, -float("inf"))
 

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from streamrl.engines.kv_cache import LLAMA_FAMILY
+from streamrl.engines import invariant
+from streamrl.engines.kv_cache import LLAMA_FAMILY, set_attn_impl
 from streamrl.engines.optim import Optimized
 from streamrl.engines.packing import pack, packed_hidden
 from streamrl.models.lora import ALL_LINEAR, apply_lora, merged_state_dict
@@ -69,8 +70,7 @@ def _logprobs_and_entropy(
     """logits (..., V), targets (...) -> log p(target) (...) and the entropy (...) | None,
     in float32. Without ``entropy_grad`` the entropy is computed outside autograd."""
     logits = logits.float()
-    lse = logits.logsumexp(-1)
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse
+    logp, lse = invariant.token_logprobs(logits, targets)
     if not with_entropy:
         return logp, None
     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
@@ -122,16 +122,20 @@ def target_logprobs_and_entropy(
     *,
     with_entropy: bool,
     entropy_grad: bool = True,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Like ``token_logprobs_and_entropy`` from the last hidden states (n, T, H), but
     the vocabulary head runs only where ``targets`` (n, T) bool is True (the loss
     tokens); elsewhere logprobs and entropy are 0. On a chat prompt of 40 tokens and a
-    completion of 5, that skips ~90% of the (tokens x vocabulary) head."""
+    completion of 5, that skips ~90% of the (tokens x vocabulary) head.
+    ``batch_invariant``: the head runs on a multiple of ``invariant.ROWS`` rows."""
     n, t = input_ids.shape
     sel = targets[:, 1:]  # token t is predicted from position t - 1
+    rows = hidden[:, :-1][sel]
+    k = rows.shape[0]
     # (K,) each, K = the loss tokens
     lp, ent = _logprobs_and_entropy(
-        head(hidden[:, :-1][sel]),
+        head(invariant.pad_rows(rows))[:k] if batch_invariant else head(rows),
         input_ids[:, 1:][sel],
         with_entropy=with_entropy,
         entropy_grad=entropy_grad,
@@ -202,8 +206,15 @@ class TrainEngine(Optimized):
         fused: bool = True,
         compile_layers: bool = False,
         keep_freed_memory: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         self.head_on_targets = head_on_targets
+        # batch-invariant forwards (rollout.batch_invariant): the batch-invariant engine's
+        # numbers for every token, so that equal weights give equal log-probs on both
+        # sides (mismatch/kl = 0)
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            set_attn_impl(model, invariant.ATTN_IMPL)
         self.packed = packed
         if micro_batch_sequences < 1:
             raise ValueError(f"micro_batch_sequences must be >= 1, got {micro_batch_sequences}")
@@ -271,14 +282,56 @@ class TrainEngine(Optimized):
         ``head_on_targets`` and a plain-head model, logprobs and entropy are computed
         on the loss tokens only (0 elsewhere); with ``packed`` as well (and no values),
         the rows are packed without padding and a prompt shared by several rows is
-        computed once (``packing``), when that saves enough."""
+        computed once (``packing``), when that saves enough. ``batch_invariant``: the
+        positions are padded to a multiple of ``invariant.ROWS``, so that every product
+        runs on whole row blocks and attention on whole key blocks, as in the engine."""
+        if self.batch_invariant:
+            t = mb.input_ids.shape[1]
+            pad = invariant.round_up(t, invariant.ROWS) - t
+            if pad:
+                widened = {
+                    name: F.pad(getattr(mb, name), (0, pad))
+                    for name in ("input_ids", "attention_mask", "loss_mask")
+                }
+                out = self._forward_body(
+                    model,
+                    dataclasses.replace(mb, **widened),
+                    with_entropy=with_entropy,
+                    entropy_grad=entropy_grad,
+                    with_values=with_values,
+                )
+                return {k: None if v is None else v[:, :t] for k, v in out.items()}
+        return self._forward_body(
+            model,
+            mb,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            with_values=with_values,
+        )
+
+    def _forward_body(
+        self,
+        model: torch.nn.Module,
+        mb: Batch,
+        *,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+        with_values: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`_forward`'s work, on positions already padded when batch-invariant."""
         parts = _decoder_and_head(model) if self.head_on_targets else None
         if parts is not None:
             decoder, head = parts
             layout = None
             if self.packed and not with_values:
                 width = decoder.config.hidden_size
-                layout = pack(mb.input_ids, mb.attention_mask, mb.loss_mask, width)
+                layout = pack(
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.loss_mask,
+                    width,
+                    batch_invariant=self.batch_invariant,
+                )
             if layout is not None:
                 hidden = packed_hidden(decoder, layout, *mb.input_ids.shape)
             else:
@@ -289,7 +342,7 @@ class TrainEngine(Optimized):
                 ).last_hidden_state
             logp, entropy = target_logprobs_and_entropy(
                 hidden, head, mb.input_ids, mb.loss_mask, with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
+                entropy_grad=entropy_grad, batch_invariant=self.batch_invariant,
             )  # fmt: skip
             return self._with_values({"logprobs": logp, "entropy": entropy}, hidden, with_values)
         out = model(

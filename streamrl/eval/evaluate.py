@@ -155,11 +155,17 @@ def evaluate_model(
     *,
     device: str = "cpu",
     decode_slots: int = 64,
+    batch_invariant: bool = True,
     **kwargs: Any,
 ) -> EvalResult:
-    """:func:`evaluate` on a fresh engine over ``model`` (left in the mode it was in)."""
+    """:func:`evaluate` on a fresh engine over ``model`` (left in the mode it was in). The
+    engine is batch-invariant (``rollout.batch_invariant``) unless told otherwise: a
+    multi-turn episode's later turns join the batch by timing, and an evaluation gives
+    the same numbers every time."""
     was_training = model.training
-    engine = make_inference_engine(model, tokenizer, decode_slots=decode_slots, device=device)
+    engine = make_inference_engine(
+        model, tokenizer, decode_slots=decode_slots, device=device, batch_invariant=batch_invariant
+    )
     try:
         return evaluate(engine, episode, items, correct_reward, **kwargs)
     finally:

@@ -33,7 +33,7 @@ import torch
 from streamrl.algorithms import build_algorithm, sft_loss
 from streamrl.config import Config, load_config
 from streamrl.data import build_task_source
-from streamrl.engines.factory import engine_options, make_inference_engine
+from streamrl.engines.factory import batch_invariant, engine_options, make_inference_engine
 from streamrl.engines.train import TrainEngine
 from streamrl.episodes import build_episode
 from streamrl.eval.evaluate import evaluate_model
@@ -72,6 +72,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         compile_layers=cfg.train.compile,
         keep_freed_memory=cfg.runtime.keep_freed_memory,
+        batch_invariant=batch_invariant(cfg),  # the engine's numbers (rollout.batch_invariant)
     )
     # The episode turns an item into one scored trajectory (prompt tokens masked);
     # the algorithm owns advantages, extra forwards and the loss.
