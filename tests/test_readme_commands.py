@@ -150,18 +150,43 @@ def test_eval_compare_plot_and_log_completions(sweep_runs: Path, tmp_path: Path)
 
 @pytest.mark.slow
 def test_train_and_resume(tmp_path: Path) -> None:
-    """``streamrl train`` with no config file (the built-in defaults), then ``--resume``
-    of the finished run from its latest checkpoint."""
-    stdout = ok(streamrl("train", *SMALL, f"run.output_dir={tmp_path}", cwd=tmp_path))
+    """``streamrl train`` with no config file (the built-in defaults), stopped by SIGTERM
+    once RL has its first checkpoint, then ``--resume`` to the end; a second ``--resume``
+    of the finished run says so and changes nothing."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    args = ["train", *SMALL, "train.steps=40", f"run.output_dir={tmp_path}"]
     run = tmp_path / "default"
-    assert f"run directory: {run}" in stdout and "held-out greedy accuracy" in stdout
-    first = summary(run)
-    assert first["status"] == "completed" and first["steps"] == 3
-    assert (run / "model" / "config.json").is_file()  # run.save_weights: the default
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not list(run.glob("checkpoints/rl-*")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no RL checkpoint within 300 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, f"exit {proc.returncode}\n{out}\n{err}"
+    assert summary(run)["status"] == "interrupted"
+    assert f"streamrl train --resume {run}" in out + err
     stdout = ok(streamrl("train", "--resume", str(run), cwd=tmp_path))
-    assert "held-out greedy accuracy" in stdout
-    again = summary(run)
-    assert again["status"] == "completed" and again["stream/consumed"] == first["stream/consumed"]
+    assert f"run directory: {run}" in stdout and "held-out greedy accuracy" in stdout
+    done = summary(run)
+    assert done["status"] == "completed" and done["steps"] == 40
+    assert (run / "model" / "config.json").is_file()  # run.save_weights: the default
+    assert done["stream/consumed"] == 40 * 16  # train.items_per_step: nothing lost or redone
+    before = (run / "summary.json").read_bytes()
+    stdout = ok(streamrl("train", "--resume", str(run), cwd=tmp_path))
+    assert "nothing to resume" in stdout
+    assert (run / "summary.json").read_bytes() == before
 
 
 @pytest.mark.slow
