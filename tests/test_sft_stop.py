@@ -75,12 +75,19 @@ def test_sft_stops_at_the_threshold_and_a_resume_does_not_train_it_again(tmp_pat
     assert summary["status"] == "completed" and summary["sft_steps_done"] == 5
     assert [r["step"] for r in _sft_rows(run_dir)] == list(range(5))
     assert summary["steps"] == 2  # and RL ran after it
-    assert latest_checkpoint(run_dir).name == "sft-000005"
+    assert latest_checkpoint(run_dir).name == "done-000002"  # the final state
+    assert (run_dir / "checkpoints" / "sft-000005").is_dir()
     final = load_file(str(run_dir / "model" / "model.safetensors"))
 
-    # resume from that checkpoint: SFT is done, so only the 2 RL steps run again (eta = 0:
-    # the same weights); continuing SFT would have trained 55 more steps
+    # a kill right after SFT: only its checkpoint is left. The resume finds SFT done, so
+    # only the 2 RL steps run again (eta = 0: the same weights); continuing SFT would have
+    # trained 55 more steps
     shutil.copytree(run_dir, tmp_path / "copy")
+    for later in (tmp_path / "copy" / "checkpoints").glob("[dr]*-*"):
+        shutil.rmtree(later)
+    (tmp_path / "copy" / "checkpoints" / "latest").unlink(missing_ok=True)
+    (tmp_path / "copy" / "summary.json").unlink()
+    assert latest_checkpoint(tmp_path / "copy").name == "sft-000005"
     proc = subprocess.run(
         [sys.executable, "-m", "streamrl.cli", "train", "--resume", str(tmp_path / "copy")],
         cwd=ROOT,
