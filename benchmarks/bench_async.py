@@ -41,7 +41,7 @@ WORK = ROOT / "runs" / "bench"
 
 
 def streamrl(*args: str) -> None:
-    cmd = [sys.executable, "-m", "streamrl.cli", *args, "run.progress=false"]
+    cmd = [sys.executable, "-m", "streamrl.cli.main", *args, "run.progress=false"]
     print("+", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 

@@ -28,8 +28,8 @@ import time
 import torch
 
 from benchmarks.bench_engine import load_model
-from streamrl.engines.inference import LocalEngine
-from streamrl.types import GenerationRequest, SamplingParams
+from streamrl.core.types import GenerationRequest, SamplingParams
+from streamrl.engines.inference.engine import LocalEngine
 
 
 def requests(prompts: list[list[int]], stop_ids: list[int], max_new: int, seed0: int):

@@ -32,8 +32,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from streamrl.engines.inference import LocalEngine
-from streamrl.types import GenerationRequest, SamplingParams
+from streamrl.core.types import GenerationRequest, SamplingParams
+from streamrl.engines.inference.engine import LocalEngine
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -242,7 +242,7 @@ def main() -> None:
         for w, fuse, tag in variants
     }
     if args.vllm:
-        from streamrl.engines.vllm_engine import VLLMEngine
+        from streamrl.engines.inference.vllm import VLLMEngine
 
         kv = {"kv_cache_memory_bytes": 1 << 30} if args.device == "cpu" else {}
         engines["vllm"] = VLLMEngine(

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from benchmarks.bench_engine import load_model
-from streamrl.engines.inference import LocalEngine
+from streamrl.engines.inference.engine import LocalEngine
 
 
 def main() -> None:

@@ -40,8 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import load_model, run_engine  # noqa: E402
 
-from streamrl.engines.inference import LocalEngine  # noqa: E402
-from streamrl.types import GenerationRequest, SamplingParams  # noqa: E402
+from streamrl.core.types import GenerationRequest, SamplingParams  # noqa: E402
+from streamrl.engines.inference.engine import LocalEngine  # noqa: E402
 
 
 def on_thread(engine: LocalEngine, prompts: list[list[int]], tokens: int, threads: int) -> None:

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 
 from benchmarks.bench_selection_bound import load_state
-from streamrl.config import load_config
-from streamrl.data import build_task_source
-from streamrl.engines.inference import LocalEngine
-from streamrl.episodes import sampling_params
+from streamrl.config.schema import load_config
+from streamrl.core.types import GenerationRequest
+from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.tokenizer import encode_prompt
-from streamrl.rewards import build_reward
-from streamrl.rollout import group_draws
-from streamrl.types import GenerationRequest
+from streamrl.rollout.episodes import sampling_params
+from streamrl.rollout.rewards import build_reward
+from streamrl.rollout.worker import group_draws
+from streamrl.sources import build_task_source
 
 
 def outcomes(engine, tokenizer, cfg, items, repeats: int, stratified: bool) -> np.ndarray:

@@ -154,7 +154,7 @@ def streamrl_run(
     )
     every = max(1, round(eval_every_steps / per_step))
     cmd = [
-        sys.executable, "-m", "streamrl.cli", "train", EXAMPLES[env_id], f"seed={seed}",
+        sys.executable, "-m", "streamrl.cli.main", "train", EXAMPLES[env_id], f"seed={seed}",
         f"eval.every={every}", f"run.output_dir={OUT}", f"run.name={name}", "run.progress=false",
         "run.tensorboard=false", "run.checkpoint_every=0", *extra,
     ]  # fmt: skip

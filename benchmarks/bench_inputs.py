@@ -33,10 +33,10 @@ from typing import Any
 
 import yaml
 
-from streamrl.config_yaml import YamlError, read_yaml
-from streamrl.data.base import DataError
-from streamrl.data.files import jsonl_records
-from streamrl.rewards.functions import ANSWER_TAG_PATTERN, extract_answer
+from streamrl.config.reading import YamlError, read_yaml
+from streamrl.rollout.rewards.functions import ANSWER_TAG_PATTERN, extract_answer
+from streamrl.sources.base import DataError
+from streamrl.sources.files import jsonl_records
 
 OLD_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
 OLD_PATTERN = re.compile(r"(?s).*<answer>.*?</answer>.*")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 HIDDEN, INTER, LAYERS, VOCAB = 576, 1536, 30, 49152
 QKV = HIDDEN + 2 * 192  # 9 query heads and 2 x 3 key/value heads of 64
-BLOCK = 4096  # rows per packed block of the head, as streamrl.engines.quantize
+BLOCK = 4096  # rows per packed block of the head, as streamrl.engines.inference.quantize
 
 
 def shapes() -> list[tuple[int, int]]:

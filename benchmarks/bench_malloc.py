@@ -31,7 +31,7 @@ def one_process(side: str, completion: int, updates: int, threads: int) -> list[
     from bench_train_step import make_batch
 
     from streamrl.algorithms import make_rl_loss_fn
-    from streamrl.engines.train import TrainEngine
+    from streamrl.engines.train.engine import TrainEngine
     from streamrl.models import load_model_and_tokenizer
 
     torch.set_num_threads(threads)

@@ -40,11 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config import load_config
-from streamrl.data.gym_source import make_env
-from streamrl.data.minari_source import load_minari
-from streamrl.launch import train
+from streamrl.config.schema import load_config
 from streamrl.models.policies import load_policy
+from streamrl.run.launch import train
+from streamrl.sources.gym import make_env
+from streamrl.sources.minari import load_minari
 
 HIDDEN = [256, 256]
 

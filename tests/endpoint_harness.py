@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamrl.config import Config, load_config
-from streamrl.endpoint.pool import EndpointPool
-from streamrl.engines.inference import EngineStats
+from streamrl.config.schema import Config, load_config
+from streamrl.core.types import GenerationResult
+from streamrl.engines.inference.engine import EngineStats
 from streamrl.models import load_model_and_tokenizer
-from streamrl.stream import SampleStream
-from streamrl.types import GenerationResult
+from streamrl.stream.endpoint.pool import EndpointPool
+from streamrl.stream.sample_stream import SampleStream
 
 
 def endpoint_cfg(tmp_path: Path, *extra: str) -> Config:

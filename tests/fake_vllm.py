@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from streamrl.engines.sampling import sampling_logits
+from streamrl.engines.inference.sampling import sampling_logits
 
 ENGINE_FIELDS = {
     "model", "tokenizer", "seed", "max_model_len", "max_num_seqs", "enable_prefix_caching",

@@ -1,4 +1,4 @@
-"""Hostile reward functions for the process-isolation tests (tests/test_rewards.py).
+"""Hostile reward functions for the process-isolation tests (tests/unit/rollout/test_rewards.py).
 
 They live in their own small module so that reward worker processes can import them by
 name (``functools.partial`` and module-level functions pickle by reference).

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.sandbox import Sandbox, SandboxError, SandboxResult, check, support
+from streamrl.rollout.sandbox import Sandbox, SandboxError, SandboxResult, check, support
 
 ESCAPES = Path(__file__).parent / "sandbox_escapes"
 

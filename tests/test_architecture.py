@@ -9,84 +9,25 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "streamrl"
+from tests.paths import ROOT
 
-# config/types -> data, rewards, models, engines, algorithms -> episodes -> stream,
-# rollout, backends -> controller -> cli. A module may import its own layer or lower.
+PKG = ROOT / "streamrl"
+
+# The packages follow the dataflow (docs/architecture.md). A module may import its own
+# package's layer or a lower one, never a higher one.
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (
-        0,
-        (
-            "streamrl",
-            "streamrl.config",
-            "streamrl.config_stages",
-            "streamrl.config_runtime",
-            "streamrl.config_selection",
-            "streamrl.config_rollout",
-            "streamrl.config_options",
-            "streamrl.config_plugins",
-            "streamrl.config_yaml",
-            "streamrl.types",
-            "streamrl.messages",
-            "streamrl.timing",
-            "streamrl.checkpoint",
-            "streamrl.atomic",
-            "streamrl.run_files",
-            "streamrl.run_lock",
-            "streamrl.signals",
-            "streamrl.sandbox",
-            "streamrl.progress",
-            "streamrl.tracking",
-            "streamrl.sinks",
-            "streamrl.eval",
-            "streamrl.eval.runs",
-            "streamrl.eval.stats",
-            "streamrl.eval.passk",
-            "streamrl.eval.plots",
-        ),
-    ),
-    (
-        1,
-        (
-            "streamrl.data",
-            "streamrl.rewards",
-            "streamrl.models",
-            "streamrl.engines",
-            "streamrl.algorithms",
-            "streamrl.tools",
-        ),
-    ),
-    (
-        2,
-        (
-            "streamrl.episodes",
-            "streamrl.sft",
-            "streamrl.stages",
-            "streamrl.eval.evaluate",
-            "streamrl.log_completions",
-        ),
-    ),
-    (
-        3,
-        (
-            "streamrl.stream",
-            "streamrl.rollout",
-            "streamrl.backends",
-            "streamrl.step_metrics",
-            "streamrl.endpoint",
-        ),
-    ),
-    (
-        4,
-        (
-            "streamrl.controller",
-            "streamrl.resume",
-            "streamrl.launch",
-            "streamrl.recipes",
-            "streamrl.preflight",
-        ),
-    ),
-    (5, ("streamrl.cli", "streamrl.sweep", "streamrl.eval")),  # the eval CLI and reports
+    (0, ("streamrl", "streamrl.core")),
+    (1, ("streamrl.config",)),
+    (2, ("streamrl.models",)),
+    (3, ("streamrl.engines",)),
+    (4, ("streamrl.sources",)),
+    (5, ("streamrl.algorithms",)),
+    (6, ("streamrl.rollout",)),
+    (7, ("streamrl.stream",)),
+    (8, ("streamrl.analysis",)),
+    (9, ("streamrl.run",)),
+    (10, ("streamrl.recipes",)),
+    (11, ("streamrl.cli", "streamrl.__main__")),
 ]
 
 
@@ -96,17 +37,20 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
-    """The layer of the longest matching prefix (``streamrl.eval.runs`` before
-    ``streamrl.eval``); modules of ``streamrl.eval`` not listed are reports/CLI."""
+    """The layer of the longest matching package prefix (``streamrl`` itself: exact)."""
     best, rank = "", None
     for r, prefixes in LAYERS:
         for p in prefixes:
-            exact_only = p in ("streamrl", "streamrl.eval") and r == 0
-            hit = module == p if exact_only else (module == p or module.startswith(p + "."))
+            hit = module == p if p == "streamrl" else module == p or module.startswith(p + ".")
             if hit and len(p) >= len(best):
                 best, rank = p, r
-    assert rank is not None, f"{module} has no layer: add it to LAYERS"
+    assert rank is not None, f"{module} has no layer: add its package to LAYERS"
     return rank
+
+
+def test_the_package_root_holds_only_the_packages() -> None:
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"], loose
 
 
 def runtime_imports(path: Path) -> set[str]:
@@ -135,7 +79,7 @@ MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
 
 
 def _resolve(name: str) -> str:
-    """An imported name -> the module that defines it (``streamrl.data`` -> package)."""
+    """An imported name -> the module that defines it (``streamrl.sources`` -> package)."""
     while name not in MODULES and "." in name:
         name = name.rsplit(".", 1)[0]
     return name

@@ -12,8 +12,8 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from streamrl.engines.inference import LocalEngine
-from streamrl.types import GenerationRequest, SamplingParams
+from streamrl.core.types import GenerationRequest, SamplingParams
+from streamrl.engines.inference.engine import LocalEngine
 
 SMOLLM2 = dict(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

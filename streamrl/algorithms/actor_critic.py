@@ -2,7 +2,7 @@
 
 One algorithm for two kinds of experience:
 
-- **environment segments** (:class:`~streamrl.types.Segment`, Gymnasium): the policy
+- **environment segments** (:class:`~streamrl.core.types.Segment`, Gymnasium): the policy
   network's critic gave each step's value when the segment was played. ``gae`` uses
   those values with correct bootstrapping (a truncated episode is bootstrapped from
   V(final observation), a terminated one is not). ``vtrace`` (IMPALA/APPO) recomputes
@@ -29,7 +29,7 @@ import torch
 from streamrl.algorithms.base import Algorithm, Filtered, Timer, register_algorithm
 from streamrl.algorithms.losses import PolicyLossParams, decoupled_old_policy
 from streamrl.algorithms.returns import gae, next_values, vtrace
-from streamrl.types import Batch, Segment, Trajectory
+from streamrl.core.types import Batch, Segment, Trajectory
 
 
 def actor_critic_loss(
@@ -242,7 +242,7 @@ class ActorCritic(Algorithm):
         return self._prepare_tokens(samples, trainer, timer)
 
     def _prepare_segments(self, segments: list[Segment], trainer: Any, version: int) -> Any:
-        from streamrl.engines.policy_train import TransitionBatch
+        from streamrl.engines.train.policy import TransitionBatch
 
         a, s = self.cfg.algorithm, stack_segments(segments)
         t_len, n = s["rewards"].shape

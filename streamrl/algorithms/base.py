@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import torch
 
 from streamrl.algorithms.registry import UnknownNameError, advantage_names
-from streamrl.types import Batch, Trajectory
+from streamrl.core.types import Batch, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config import Config
-    from streamrl.stream import Group
+    from streamrl.config.schema import Config
+    from streamrl.stream.sample_stream import Group
 
 
 class Timer(Protocol):

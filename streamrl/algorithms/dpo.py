@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from streamrl.algorithms.registry import _get, _register
-from streamrl.types import Batch
+from streamrl.core.types import Batch
 
 F_ = TypeVar("F_", bound=Callable)
 _PREFERENCE_LOSSES: dict[str, Callable] = {}

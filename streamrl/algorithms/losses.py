@@ -29,7 +29,7 @@ import torch
 
 from streamrl.algorithms.corrections import get_correction, mismatch_metrics
 from streamrl.algorithms.registry import get_policy_loss, register_policy_loss
-from streamrl.types import Batch
+from streamrl.core.types import Batch
 
 # Log-ratios are clamped here before exp: beyond e^20 a ratio carries no useful signal.
 _LOG_RATIO_CLAMP = 20.0

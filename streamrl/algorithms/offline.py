@@ -2,8 +2,8 @@
 
 Each is an :class:`~streamrl.algorithms.base.Algorithm`; the controller runs them as it
 runs PPO. ``prepare`` turns the batch's groups into one
-:class:`~streamrl.data.transitions.Transitions` (logged items as they are, online
-segments through :func:`~streamrl.data.transitions.segment_transitions`), and the policy
+:class:`~streamrl.core.transitions.Transitions` (logged items as they are, online
+segments through :func:`~streamrl.core.transitions.segment_transitions`), and the policy
 trainer runs ``train.num_minibatches`` optimizer steps on it with the algorithm's loss.
 
 - ``bc``: behaviour cloning, the negative log-likelihood of the logged actions.
@@ -45,7 +45,7 @@ from streamrl.algorithms.offline_losses import (
     td3_critic_loss,
     td3_target,
 )
-from streamrl.data.transitions import Transitions, concat, segment_transitions
+from streamrl.core.transitions import Transitions, concat, segment_transitions
 from streamrl.models.q_networks import TwinQ, frozen_copy, polyak_update
 
 

@@ -25,8 +25,7 @@ from streamrl.algorithms.base import (
 )
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
 from streamrl.algorithms.registry import advantage_names, get_advantage
-from streamrl.data.selection_likelihood import WEIGHT_KEY
-from streamrl.types import Batch, Trajectory
+from streamrl.core.types import WEIGHT_KEY, Batch, Trajectory
 
 
 def zero_variance(trajectories: list[Trajectory]) -> bool:

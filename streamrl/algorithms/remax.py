@@ -11,7 +11,7 @@ import torch
 from streamrl.algorithms.base import ExtraRollout, Filtered, register_algorithm
 from streamrl.algorithms.policy_gradient import PolicyGradient
 from streamrl.algorithms.registry import register_advantage
-from streamrl.types import Batch, Trajectory
+from streamrl.core.types import Batch, Trajectory
 
 
 @register_advantage("remax")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from streamrl.config import Config
-    from streamrl.engines.quantize import EngineWeights
+    from streamrl.config.schema import Config
+    from streamrl.engines.inference.quantize import EngineWeights
 
 
 def is_policy(model: Any) -> bool:
@@ -35,16 +35,16 @@ def make_inference_engine(
     if is_policy(model):
         if engine != "local":
             raise ValueError(f"rollout.engine={engine} serves language models, not policies")
-        from streamrl.engines.policy import PolicyEngine
+        from streamrl.engines.inference.policy import PolicyEngine
 
         return PolicyEngine(model, device=device, version=version)
     if engine == "vllm":
-        from streamrl.engines.vllm_engine import VLLMEngine
+        from streamrl.engines.inference.vllm import VLLMEngine
 
         return VLLMEngine(
             model, tokenizer, decode_slots=decode_slots, version=version, **(vllm or {})
         )
-    from streamrl.engines.inference import LocalEngine
+    from streamrl.engines.inference.engine import LocalEngine
 
     return LocalEngine(
         model,
@@ -85,11 +85,11 @@ def make_train_engine(model: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -
     """PolicyTrainEngine for a policy (``micro_batch_sequences`` does not apply), else the
     language-model TrainEngine."""
     if is_policy(model):
-        from streamrl.engines.policy_train import PolicyTrainEngine
+        from streamrl.engines.train.policy import PolicyTrainEngine
 
         kwargs.pop("micro_batch_sequences", None)
         kwargs.pop("batch_invariant", None)  # a policy's forward is its own
         return PolicyTrainEngine(model, seed=seed, **kwargs)
-    from streamrl.engines.train import TrainEngine
+    from streamrl.engines.train.engine import TrainEngine
 
     return TrainEngine(model, **kwargs)

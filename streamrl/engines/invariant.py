@@ -9,7 +9,7 @@ Attention's products also depend on the number of keys below 16-20. So the same 
 gave other log-probs (and, now and then, other tokens) alone than batched, and runs at
 ``stream.max_staleness=0`` whose refills landed at other moments drifted apart.
 
-Measured on this CPU (``tests/test_batch_invariance.py`` checks it wherever it runs),
+Measured on this CPU (``tests/unit/engines/test_batch_invariance.py`` checks it wherever it runs),
 the result for a row is the same for every call whose row count is a multiple of 16,
 whatever the other rows hold, where the row sits, and (for attention) how many masked
 keys follow the visible ones once there are at least 16. So batch-invariant numerics

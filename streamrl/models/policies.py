@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from streamrl.config_options import validate_options
+from streamrl.config.options import validate_options
 
 POLICY_PRESETS = ("mlp", "cnn")
 MAX_WIDTH = 1 << 16  # units of one hidden layer

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 # Shape of each preset; the vocabulary comes from the tokenizer. Parameter counts
-# (tests/test_models.py checks them) are for the default 101-token char vocabulary.
+# (tests/unit/models/test_models.py checks them) are for the default 101-token char vocabulary.
 TINY_PRESETS: dict[str, dict[str, Any]] = {
     # ~0.19M parameters: unit tests.
     "tiny-small": dict(

@@ -7,7 +7,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from streamrl.types import Item
+from streamrl.core.types import Item
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, so pad id 0 matches Batch.collate's default

@@ -7,16 +7,16 @@ as one plain loop: generate a batch with the current weights, score it, compute
 group-relative advantages, take a clipped policy-gradient step, load the new
 weights into the inference engine, repeat. With ``stream.max_staleness=0`` the
 pipeline leaves exactly the same weights as this loop
-(``tests/test_recipes.py``); the pipeline adds overlap of generation and training
+(``tests/integration/test_recipes.py``); the pipeline adds overlap of generation and training
 (eta >= 1), several workers and backends, fault tolerance, checkpoints and the
 run directory. Read the pieces in this order:
 
-    config ........ streamrl/config.py          every key, typed and documented
-    episode ....... streamrl/episodes/          prompt -> completion -> reward
-    rollout_group . streamrl/rollout.py         group_size episodes of one item
+    config ........ streamrl/config/schema.py          every key, typed and documented
+    episode ....... streamrl/rollout/episodes/          prompt -> completion -> reward
+    rollout_group . streamrl/rollout/worker.py         group_size episodes of one item
     algorithm ..... streamrl/algorithms/policy_gradient.py   advantages, loss
     losses ........ streamrl/algorithms/losses.py            PPO-clip and friends
-    trainer ....... streamrl/engines/train.py   train_batch(batch, loss_fn)
+    trainer ....... streamrl/engines/train/engine.py   train_batch(batch, loss_fn)
 """
 
 from __future__ import annotations
@@ -31,19 +31,19 @@ import numpy as np
 import torch
 
 from streamrl.algorithms import build_algorithm, sft_loss
-from streamrl.config import Config, load_config
-from streamrl.data import build_task_source
+from streamrl.algorithms.stages.sft import run_sft, sft_batches
+from streamrl.analysis.evaluate import evaluate_model
+from streamrl.config.schema import Config, load_config
+from streamrl.core.messages import GroupDone
+from streamrl.core.timing import StageTimer
 from streamrl.engines.factory import batch_invariant, engine_options, make_inference_engine
-from streamrl.engines.train import TrainEngine
-from streamrl.episodes import build_episode
-from streamrl.eval.evaluate import evaluate_model
-from streamrl.messages import GroupDone
+from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
-from streamrl.rewards import build_reward
-from streamrl.rollout import rollout_group
-from streamrl.sft import run_sft, sft_batches
-from streamrl.stream import Group
-from streamrl.timing import StageTimer
+from streamrl.rollout.episodes import build_episode
+from streamrl.rollout.rewards import build_reward
+from streamrl.rollout.worker import rollout_group
+from streamrl.sources import build_task_source
+from streamrl.stream.sample_stream import Group
 
 
 def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:

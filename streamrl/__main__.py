@@ -1,0 +1,7 @@
+"""``python -m streamrl``: the command line."""
+
+import sys
+
+from streamrl.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,69 @@
+"""The DPO stage: direct preference optimisation on logged (prompt, chosen, rejected)
+pairs against a frozen reference, the policy at the start of the stage.
+
+    pairs = load_preferences(cfg.dpo.path)               # file:line: field errors
+    batch = chosen_0, rejected_0, chosen_1, rejected_1, ...   (pairs_per_step pairs)
+    batch.ref_logprobs = reference's log-probs           # prepare, every step
+    trainer.train_batch(batch, DPOLoss(cfg.dpo.loss, cfg.dpo.beta))
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from streamrl.algorithms.dpo import DPOLoss
+from streamrl.algorithms.stages.base import (
+    StageData,
+    encode_logged,
+    reference_logprobs,
+    shuffled_epochs,
+)
+from streamrl.config.schema import Config
+from streamrl.core.types import Batch, Trajectory
+from streamrl.sources.logged import load_preferences
+
+SEED_OFFSET = 2  # the pair order's seed: cfg.seed + 2 (SFT's demonstrations use + 1)
+
+
+def pair_batches(
+    pairs: list[tuple[Trajectory, Trajectory]], pairs_per_step: int, seed: int, pad_id: int
+) -> Iterator[Batch]:
+    """Endless batches of ``pairs_per_step`` (chosen, rejected) pairs in adjacent rows,
+    in epochs shuffled with ``random.Random(seed)``."""
+    order = shuffled_epochs(len(pairs), random.Random(seed))
+    while True:
+        picked = [next(order) for _ in range(pairs_per_step)]
+        yield Batch.collate([row for i in picked for row in pairs[i]], pad_id=pad_id)
+
+
+def build_dpo_stage(cfg: Config, tokenizer: Any, trainer: Any, max_len: int | None) -> StageData:
+    """The DPO stage's data, loss and reference (a frozen copy of the current policy)."""
+    path = str(cfg.dpo.path)
+    pairs = []
+    for k, pair in enumerate(load_preferences(path)):
+        encoded = tuple(
+            encode_logged(
+                tokenizer, pair.item, text, max_len=max_len, source=path, line=pair.line,
+                field=field,
+            )
+            for field, text in (("chosen", pair.chosen), ("rejected", pair.rejected))
+        )  # fmt: skip
+        for traj in encoded:
+            traj.item_index = k  # both rows of a pair carry its index
+        pairs.append(encoded)
+    reference = trainer.frozen_copy()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def prepare(batch: Batch) -> Batch:
+        batch.ref_logprobs = reference_logprobs(trainer, reference, batch)
+        return batch
+
+    return StageData(
+        batches=pair_batches(pairs, cfg.dpo.pairs_per_step, cfg.seed + SEED_OFFSET, pad),
+        loss_fn=DPOLoss(cfg.dpo.loss, cfg.dpo.beta),
+        prepare=prepare,
+        reference=reference,
+        summary={"pairs": float(len(pairs))},
+    )

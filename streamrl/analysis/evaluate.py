@@ -1,0 +1,173 @@
+"""Held-out evaluation: greedy accuracy, and pass@k / avg@k over n samples.
+
+Evaluation runs the run's own episode (:func:`streamrl.rollout.episodes.build_episode`),
+greedily or with fixed seeds, so an item is evaluated exactly as it is trained:
+same prompt rendering, same per-item answer budget, same reward, and later the
+same multi-turn loop. Per-item outcomes are kept (completions, correctness,
+reward errors) so any analysis can be redone from the JSON without re-generating.
+
+Items of a ``mixture`` source carry their domain, and maybe their own correctness
+reward (:func:`streamrl.sources.item_correct_reward`); ``metrics`` then adds
+``accuracy/<domain>`` for every domain present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from streamrl.core.engine import InferenceEngine
+from streamrl.core.types import Item, Segment, Trajectory
+from streamrl.engines.factory import make_inference_engine
+from streamrl.rollout.episodes import Episode
+from streamrl.rollout.rewards import describe_error
+from streamrl.sources import item_correct_reward, item_domain
+
+
+@dataclass
+class EvalResult:
+    accuracy: float  # mean correctness of the first sample of each item
+    metrics: dict[str, float]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    reward_failures: int = 0
+    episode_failures: int = 0
+
+
+def is_correct(components: dict[str, float | None], correct_reward: str) -> bool:
+    value = components.get(correct_reward)
+    return value is not None and value >= 1.0
+
+
+def domain_accuracy(items: list[Item], outcomes: list[list[bool]]) -> dict[str, float]:
+    """``accuracy/<domain>``: the mean correctness of the first sample of each item of
+    that domain, for every domain present (items without one add nothing).
+
+    >>> items = [Item(id=str(k), prompt="?", metadata={"domain": d}) for k, d in enumerate("mmc")]
+    >>> domain_accuracy([*items, Item(id="x", prompt="?")], [[True], [False], [True], [False]])
+    {'accuracy/m': 0.5, 'accuracy/c': 1.0}
+    """
+    by_domain: dict[str, list[bool]] = {}
+    for item, correct in zip(items, outcomes, strict=True):
+        if (domain := item_domain(item)) is not None:
+            by_domain.setdefault(domain, []).append(bool(correct[0]))
+    return {f"accuracy/{d}": sum(c) / len(c) for d, c in by_domain.items()}
+
+
+def eval_seed(seed: int, item: int, sample: int) -> int:
+    """Sampling seed of an evaluation sample (distinct from training's seeds)."""
+    return seed * 7919 + item * 131 + sample
+
+
+def evaluate(
+    engine: InferenceEngine,
+    episode: Episode,
+    items: list[Item],
+    correct_reward: str,
+    *,
+    greedy: bool = True,
+    samples_per_item: int = 1,
+    ks: tuple[int, ...] = (1,),
+    seed: int = 0,
+) -> EvalResult:
+    """Run ``episode`` on every item through ``engine`` and grade the trajectories.
+
+    Greedy evaluation takes one sample per item. An episode that raises or
+    rejects counts as incorrect and is recorded, never dropped. A sample is correct
+    when the item's own ``metadata["correct_reward"]`` (else ``correct_reward``) is >= 1.
+    """
+    from streamrl.analysis.passk import summarize_outcomes
+
+    n = 1 if greedy else samples_per_item
+    for i, item in enumerate(items):  # an evaluation item has no issue index yet
+        if item.index < 0:
+            item.index = i
+
+    async def run_all() -> list[Trajectory | BaseException | None]:
+        coros = [
+            episode(engine, item, eval_seed(seed, i, j), greedy=greedy)
+            for i, item in enumerate(items)
+            for j in range(n)
+        ]
+        return await asyncio.gather(*coros, return_exceptions=True)
+
+    results = asyncio.run(run_all())
+    outcomes: list[list[bool]] = []
+    per_item: list[dict[str, Any]] = []
+    reward_failures = episode_failures = 0
+    for i, item in enumerate(items):
+        judge = item_correct_reward(item, correct_reward)
+        completions, correct, errors, lengths = [], [], [], []
+        for res in results[i * n : (i + 1) * n]:
+            if isinstance(res, BaseException) or res is None:
+                episode_failures += 1
+                completions.append(None)
+                lengths.append(0)
+                correct.append(False)
+                errors.append(
+                    {"episode": describe_error(res) if res is not None else "episode rejected"}
+                )
+                continue
+            meta = res.metadata
+            reward_failures += bool(meta.get("reward_errors"))
+            completions.append(meta.get("completion"))
+            lengths.append(res.num_generated)
+            correct.append(is_correct(meta.get("reward_components") or {}, judge))
+            errors.append(meta.get("reward_errors") or None)
+        outcomes.append(correct)
+        record = {
+            "id": item.id,
+            "prompt": item.prompt if item.prompt is not None else item.messages,
+            "answer": item.answer,
+            "completions": completions,
+            "generated_tokens": lengths,
+            "correct": correct,
+            "reward_errors": errors,
+        }
+        if (domain := item_domain(item)) is not None:  # (items of no domain: as before)
+            record["domain"] = domain
+        per_item.append(record)
+    accuracy = sum(o[0] for o in outcomes) / max(len(outcomes), 1)
+    returns = [sum(r.episode_returns) for r in results if isinstance(r, Segment)]
+    metrics: dict[str, float] = {"accuracy": accuracy, "n_items": len(items), "n_samples": n}
+    metrics.update(domain_accuracy(items, outcomes))
+    if n > 1:
+        metrics.update(summarize_outcomes(outcomes, ks=tuple(k for k in ks if k <= n)))
+    if returns:  # environment episodes: their returns are the score, not an accuracy
+        del metrics["accuracy"]
+        metrics["return_mean"] = sum(returns) / len(returns)
+        metrics["return_std"] = (
+            float(torch.tensor(returns, dtype=torch.float64).std()) if len(returns) > 1 else 0.0
+        )
+    metrics["reward_failures"] = reward_failures
+    metrics["episode_failures"] = episode_failures
+    return EvalResult(accuracy, metrics, per_item, reward_failures, episode_failures)
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    episode: Episode,
+    items: list[Item],
+    correct_reward: str,
+    *,
+    device: str = "cpu",
+    decode_slots: int = 64,
+    batch_invariant: bool = True,
+    **kwargs: Any,
+) -> EvalResult:
+    """:func:`evaluate` on a fresh engine over ``model`` (left in the mode it was in). The
+    engine is batch-invariant (``rollout.batch_invariant``) unless told otherwise: a
+    multi-turn episode's later turns join the batch by timing, and an evaluation gives
+    the same numbers every time."""
+    was_training = model.training
+    engine = make_inference_engine(
+        model, tokenizer, decode_slots=decode_slots, device=device, batch_invariant=batch_invariant
+    )
+    try:
+        return evaluate(engine, episode, items, correct_reward, **kwargs)
+    finally:
+        engine.close()
+        model.train(was_training)

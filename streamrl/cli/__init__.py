@@ -1,0 +1,1 @@
+"""The ``streamrl`` command line (``main.py``); ``eval.py`` is ``streamrl eval``."""

@@ -1,0 +1,467 @@
+"""Command line: ``streamrl train | eval | compare | sweep | plot | config``.
+
+streamrl train [CONFIG.yaml] [key=value ...] [--import MODULE ...]
+streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
+streamrl compare RUN_DIRS... --metric NAME [--out DIR]
+streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
+streamrl plot RUN_DIR [--out PNG]
+streamrl config [CONFIG.yaml] [key=value ...] [--reference]
+streamrl data make-minari ENV_ID --policy RUN_DIR|random --episodes N [--dataset-id ID]
+streamrl data log-completions RUN_DIR_OR_MODEL --out FILE.jsonl [--n 4 --prompts 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from typing import Any
+
+from streamrl.config.options import check_path_component
+from streamrl.config.plugins import import_plugins
+from streamrl.config.schema import ConfigError, load_config
+from streamrl.run.progress import Progress
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can fix (anything else is a bug and keeps its traceback).
+    Imported only when an error occurs, so `streamrl config` starts fast."""
+    from streamrl.run.checkpoint import CheckpointError
+    from streamrl.run.launch import TrainerFailed
+    from streamrl.stream.pool import EpisodesFailing, WorkersUnreachable
+
+    return (
+        ConfigError,
+        ValueError,  # PreflightError, DataError, usage
+        OSError,  # FileNotFoundError, PermissionError, ConnectionError, a full disk
+        EpisodesFailing,
+        WorkersUnreachable,
+        CheckpointError,
+        TrainerFailed,
+        ImportError,  # an optional extra that is not installed
+    )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})")
+    return value
+
+
+def finite_float(low: float = -math.inf, high: float = math.inf) -> Any:
+    """argparse type: a finite number in [low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            bounds = (
+                f" in [{low}, {high}]"
+                if math.isfinite(high)
+                else (f" >= {low}" if math.isfinite(low) else "")
+            )
+            raise argparse.ArgumentTypeError(f"expected a finite number{bounds} (got {text!r})")
+        return value
+
+    return parse
+
+
+def split_config_arg(args: argparse.Namespace) -> None:
+    """``streamrl train key=value ...`` (no config file): the first word is an override."""
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``streamrl train`` with the endpoint on. With no config file it serves the main
+    job's model at once: its trained weights (runs/default/model) if they exist, without
+    SFT, so it starts in seconds."""
+    split_config_arg(args)
+    quick = []
+    if args.config is None and not getattr(args, "resume", None):
+        quick = ["sft.steps=0", "eval.every=0", "eval.heldout_size=50"]
+        if os.path.isfile(os.path.join("runs", "default", "model", "config.json")):
+            quick.append("model.name_or_path=runs/default/model")
+    args.overrides = [*quick, *args.overrides, "endpoint.enabled=true"]
+    return cmd_train(args)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from streamrl.run.launch import resume_config, train
+    from streamrl.run.signals import GracefulStop
+
+    split_config_arg(args)
+    if args.resume:
+        if args.config:  # `--resume RUN_DIR key=value`: the first override looked like a file
+            raise ConfigError(
+                f"--resume continues {args.resume} with its own config; got a config file "
+                f"{args.config!r} too (only key=value overrides may follow)"
+            )
+        cfg = resume_config(args.resume, args.overrides)
+    else:
+        cfg = load_config(args.config, args.overrides, args.imports)
+    os.environ["STREAMRL_ARGV"] = " ".join(sys.argv)
+    with GracefulStop() as stop, Progress(cfg.run.progress) as progress:
+        result = train(cfg, progress=progress, resume_dir=args.resume, stop=stop)
+    if result.already_completed:
+        print(f"{result.run_dir} is complete (summary.json: completed); nothing to resume")
+        return 0
+    s = result.summary
+    print(f"run directory: {result.run_dir}")
+    times = f"(wall time {s['wall_time_s']:.0f}s, RL {s['rl_time_s']:.0f}s)"
+    if "eval_return_before" in s:
+        print(
+            f"mean return of deterministic episodes: before RL {s['eval_return_before']:.1f} "
+            f"-> after RL {s['eval_return_after']:.1f}  {times}"
+        )
+    else:
+        print(
+            f"held-out greedy accuracy: before RL {s['eval_accuracy_before']:.3f} -> "
+            f"after RL {s['eval_accuracy_after']:.3f}  {times}"
+        )
+        if "eval_sampled_accuracy_after" in s:
+            print(
+                "held-out sampled accuracy (eval.samples at the rollout temperature): "
+                f"before RL {s['eval_sampled_accuracy_before']:.3f} -> "
+                f"after RL {s['eval_sampled_accuracy_after']:.3f}"
+            )
+        stages = [k for k in ("sft", "dpo", "alol") if f"eval_accuracy_after_{k}" in s]
+        if len(stages) > 1:  # offline stages ran: the accuracy after each one
+            chain = [f"{k.upper()} {s[f'eval_accuracy_after_{k}']:.3f}" for k in stages]
+            chain.append(f"RL {s['eval_accuracy_after']:.3f}")
+            print(f"  after each stage: {' -> '.join(chain)}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from streamrl.cli.eval import run_eval_command
+
+    return run_eval_command(args)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    if args.fit == "sigmoid":
+        from streamrl.analysis.fit import run_fit
+
+        return run_fit(args.runs, args.metric, args.compute, args.out, fmt=args.format)
+    from streamrl.analysis.compare import run_compare
+
+    return run_compare(args.runs, args.metric, args.out, fmt=args.format)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from streamrl.analysis.run_plot import plot_run
+
+    print(plot_run(args.run_dir, args.out))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from streamrl.run.sweep import run_sweep
+
+    split_config_arg(args)
+    # `--seeds 0 1 k=v` also swallows the overrides after it: give them back
+    seeds, overrides = [], list(args.overrides)
+    for word in args.seeds:
+        if "=" in word:
+            overrides.append(word)
+        elif word.lstrip("-").isdigit():
+            seeds.append(int(word))
+        else:
+            raise ValueError(f"--seeds: {word!r} is not an integer seed (nor a key=value)")
+    if not seeds:
+        raise ValueError("--seeds: give at least one seed, e.g. --seeds 0 1 2")
+    if args.imports:  # every seed's config (and subprocess) imports them too
+        plugins = load_config(args.config, overrides, args.imports).plugins
+        overrides.append(f"plugins={json.dumps(plugins)}")
+    return run_sweep(args.config, seeds, overrides, parallel=args.parallel)
+
+
+def cmd_make_minari(args: argparse.Namespace) -> int:
+    """``streamrl data make-minari``: a local Minari dataset played by policies."""
+    import json
+
+    from streamrl.sources.minari_make import PolicySpec, make_minari, parse_mix
+
+    if (args.policy is None) == (args.mix is None):
+        raise ValueError("make-minari: give exactly one of --policy and --mix")
+    if args.dataset_id is not None:  # a directory under Minari's root, never elsewhere
+        try:
+            check_path_component(args.dataset_id, allow_slash=True)
+        except ValueError as e:
+            raise ValueError(f"--dataset-id {args.dataset_id!r}: {e}") from None
+    specs = parse_mix(args.mix) if args.mix else [PolicySpec(args.policy)]
+    env_options = json.loads(args.env_options) if args.env_options else None
+    _, summary = make_minari(
+        args.env_id, specs, args.episodes, dataset_id=args.dataset_id,
+        env_options=env_options, seed=args.seed, greedy=args.greedy, epsilon=args.epsilon,
+        overwrite=args.overwrite,
+    )  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_log_completions(args: argparse.Namespace) -> int:
+    """``streamrl data log-completions``: a model's scored completions (A-LoL, DPO data)."""
+    from streamrl.run.log_completions import run_log_completions
+
+    result = run_log_completions(
+        args.target,
+        args.out,
+        n=args.n,
+        prompts=args.prompts,
+        config=args.config,
+        overrides=args.overrides,
+        temperature=args.temperature,
+        preferences=args.preferences,
+    )
+    rewards = [r["reward"] for r in result.rows]
+    mean = sum(rewards) / max(len(rewards), 1)
+    print(f"{len(rewards)} completions (mean reward {mean:.3f}) -> {args.out}")
+    if args.preferences:
+        print(f"{len(result.pairs)} preference pairs -> {args.preferences}")
+    if result.failed:
+        print(f"{result.failed} completions left out: their episode or reward failed")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from streamrl.config.schema import config_reference, save_config
+
+    if args.reference:
+        print(config_reference())
+        return 0
+    split_config_arg(args)
+    save_config(load_config(args.config, args.overrides, args.imports), "/dev/stdout")
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """``run``: a file as the agent's ``python`` tool would; one JSON object on stdout.
+    Exit 0 whenever the sandbox worked: the JSON says what the code did. ``check``: what
+    isolation this machine gives (a test program's result, and the cgroup support).
+    A sandbox that cannot start is one error line naming the cause, exit 2."""
+    import json
+
+    from streamrl.rollout.sandbox import Sandbox, SandboxError, check, support
+
+    options = {"isolation": args.isolation, "cgroup": args.cgroup}
+    try:
+        if args.sandbox_command == "check":
+            result = check(**options)
+            report = {k: v for k, v in result.to_json().items() if k not in ("stdout", "stderr")}
+            print(json.dumps({"level": result.level, **report, "cgroup_support": support().note}))
+            return 0
+        result = Sandbox(timeout_s=args.timeout, **options).run_file(args.file)
+    except SandboxError as e:
+        print(f"error: the sandbox could not start: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_json()))
+    return 0
+
+
+def add_import_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a Python module first (it registers task sources, rewards, ...); "
+        "repeatable; train, serve, sweep and config add it to the config's plugins",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamrl", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="SFT warm-start + asynchronous RL, writes a run directory")
+    t.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=10")
+    t.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its latest checkpoint, with its own config",
+    )
+    add_import_option(t)
+    t.set_defaults(func=cmd_train)
+
+    sv = sub.add_parser(
+        "serve",
+        help="train from external agents: an OpenAI-compatible endpoint (sessions, rewards)",
+    )
+    sv.add_argument("config", nargs="?", help="YAML config (default: the main job's model)")
+    sv.add_argument("overrides", nargs="*", help="dotted overrides, e.g. endpoint.port=8000")
+    sv.add_argument("--resume", metavar="RUN_DIR", help="continue a served run")
+    add_import_option(sv)
+    sv.set_defaults(func=cmd_serve)
+
+    e = sub.add_parser("eval", help="held-out accuracy, pass@k and avg@k of a run or model")
+    e.add_argument("target", help="a run directory (uses its config and model/) or a model")
+    e.add_argument("--config", help="config for the task/rewards (default: the run's)")
+    e.add_argument(
+        "--n", type=positive_int, default=1, help="samples per item (pass@k needs n >= k)"
+    )
+    e.add_argument(
+        "--k",
+        type=positive_int,
+        nargs="+",
+        default=[1],
+        help="k values for pass@k; one larger than --n is reported and left out (an error "
+        "when none is left)",
+    )
+    e.add_argument(
+        "--temperature", type=finite_float(0.0), default=None, help="default: 0 if n=1 else 1"
+    )
+    e.add_argument("--split", default="heldout", help="'heldout' (default) or a prompt file")
+    e.add_argument("--out", help="JSON output path (default: RUN_DIR/eval.json or ./eval.json)")
+    e.add_argument("overrides", nargs="*", help="dotted config overrides")
+    add_import_option(e)
+    e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", help="statistically compare groups of runs (rliable, AdaStop)")
+    c.add_argument("runs", nargs="+", help="run directories, or parents of run directories")
+    c.add_argument("--metric", default="eval_accuracy_after", help="summary or metrics key")
+    c.add_argument("--out", help="directory for comparison.md and plots")
+    c.add_argument("--format", choices=["table", "markdown", "json"], default="table")
+    c.add_argument(
+        "--fit",
+        choices=["sigmoid"],
+        help="fit R(C) = R0 + (A - R0) / (1 + (C_mid/C)^B) per recipe (ScaleRL) and plot it",
+    )
+    c.add_argument(
+        "--compute",
+        default="step",
+        help="x axis of --fit: step, wall_time, a cumulative key, or sum:KEY (default: step)",
+    )
+    c.set_defaults(func=cmd_compare)
+
+    sw = sub.add_parser("sweep", help="one config over several seeds (then `streamrl compare`)")
+    sw.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    sw.add_argument("overrides", nargs="*", help="dotted overrides shared by every seed")
+    sw.add_argument("--seeds", nargs="+", required=True, help="seeds to run, e.g. 0 1 2 3 4")
+    add_import_option(sw)
+    sw.add_argument(
+        "--parallel", type=positive_int, default=1, help="run N seeds at a time as subprocesses"
+    )
+    sw.set_defaults(func=cmd_sweep)
+
+    pl = sub.add_parser("plot", help="PNG of a run's reward, eval accuracy and staleness")
+    pl.add_argument("run_dir")
+    pl.add_argument("--out", help="default: RUN_DIR/curves.png")
+    pl.set_defaults(func=cmd_plot)
+
+    dt = sub.add_parser("data", help="make data sets (offline RL)")
+    dtsub = dt.add_subparsers(dest="data_command", required=True)
+    mm = dtsub.add_parser(
+        "make-minari", help="play policies in an environment and save a local Minari dataset"
+    )
+    mm.add_argument("env_id", help="Gymnasium id, e.g. CartPole-v1")
+    mm.add_argument("--policy", help="'random', a run directory or a saved policy directory")
+    mm.add_argument(
+        "--mix", nargs="+", metavar="POLICY:FRACTION",
+        help="several policies and their share of the episodes, e.g. runs/a:0.5 random:0.5",
+    )  # fmt: skip
+    mm.add_argument("--episodes", type=positive_int, required=True, help="episodes to record")
+    mm.add_argument("--dataset-id", help="Minari id (default: <env>/<random|policy|mixed>-v0)")
+    mm.add_argument("--env-options", help="JSON keyword arguments of gymnasium.make")
+    mm.add_argument("--seed", type=int, default=0, help="seeds the episodes' resets")
+    mm.add_argument("--greedy", action="store_true", help="deterministic policy actions")
+    mm.add_argument(
+        "--epsilon",
+        type=finite_float(0.0, 1.0),
+        default=0.0,
+        help="probability of a random action per step",
+    )
+    mm.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    mm.set_defaults(func=cmd_make_minari)
+    lc = dtsub.add_parser(
+        "log-completions",
+        help="sample a model's completions of the task's training prompts, with rewards "
+        "(alol.path), and optionally preference pairs (dpo.path)",
+    )
+    lc.add_argument("target", help="a run directory (its config and model/) or a model")
+    lc.add_argument("--out", required=True, help="JSONL of {prompt, completion, reward} rows")
+    lc.add_argument("--n", type=positive_int, default=4, help="completions per prompt")
+    lc.add_argument("--prompts", type=positive_int, default=256, help="training prompts to log")
+    lc.add_argument("--config", help="config for the task and reward (default: the run's)")
+    lc.add_argument("--temperature", type=finite_float(0.0), help="default: rollout.temperature")
+    lc.add_argument("--preferences", help="also write {prompt, chosen, rejected} pairs here")
+    lc.add_argument("overrides", nargs="*", help="dotted config overrides")
+    add_import_option(lc)
+    lc.set_defaults(func=cmd_log_completions)
+
+    cf = sub.add_parser("config", help="print the resolved config, or the reference of all keys")
+    cf.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
+    cf.add_argument("overrides", nargs="*", help="dotted overrides")
+    cf.add_argument("--reference", action="store_true", help="Markdown table of every key")
+    add_import_option(cf)
+    cf.set_defaults(func=cmd_config)
+
+    sb = sub.add_parser("sandbox", help="run model-written code as the python tool does")
+    sbsub = sb.add_subparsers(dest="sandbox_command", required=True)
+    sbr = sbsub.add_parser("run", help="run FILE.py in the sandbox, print one JSON result")
+    sbr.add_argument("file", help="the Python program")
+    sbr.add_argument(
+        "--timeout", type=finite_float(0.001), default=10.0, help="wall clock limit (s)"
+    )
+    sbc = sbsub.add_parser("check", help="print the isolation this machine gives, as JSON")
+    for parser in (sbr, sbc):
+        parser.add_argument(
+            "--isolation",
+            choices=["strong", "weak"],
+            default="strong",
+            help="weak: rlimits and a cgroup, no namespaces, seccomp or uid change (unsafe)",
+        )
+        parser.add_argument(
+            "--cgroup",
+            choices=["auto", "required", "off"],
+            default="auto",
+            help="a cgroup per run: where the host allows (auto), or else an error (required)",
+        )
+        parser.set_defaults(func=cmd_sandbox)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `key=value` overrides may also come after options (streamrl eval RUN --n 4 a.b=1)
+    if extra:
+        if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    from streamrl.run.signals import Interrupted
+
+    try:
+        import_plugins(getattr(args, "imports", []), lambda i: "--import")
+        return args.func(args)
+    except Interrupted as e:
+        print(f"streamrl: {e}", file=sys.stderr)
+        return e.exit_code
+    except user_errors() as e:
+        # config, preflight, data (DataError names file:line: field) and environment
+        # errors: one line (a config error lists each bad key on its own line)
+        print(f"error: {user_message(e)}", file=sys.stderr)
+        return 2
+
+
+def user_message(e: BaseException) -> str:
+    return str(e).strip() or type(e).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Episodes: how one item is rolled out and scored (training and evaluation alike)."""
+
+from streamrl.rollout.episodes import agent as agent  # registers "agent"
+from streamrl.rollout.episodes import gym as gym  # registers "gym"
+from streamrl.rollout.episodes import single_turn as single_turn  # registers "single_turn"
+from streamrl.rollout.episodes.base import (
+    Episode,
+    PromptTooLong,
+    build_episode,
+    episode_kinds,
+    register_episode,
+    sampling_params,
+)
+from streamrl.rollout.episodes.single_turn import SingleTurnEpisode, trajectory_from_result
+
+__all__ = [
+    "Episode",
+    "PromptTooLong",
+    "SingleTurnEpisode",
+    "build_episode",
+    "episode_kinds",
+    "register_episode",
+    "sampling_params",
+    "trajectory_from_result",
+]

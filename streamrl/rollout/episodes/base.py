@@ -1,0 +1,109 @@
+"""The episode interface, the episode registry, and the sampling parameters of a run.
+
+An episode is an async callable ``(engine, item, seed, *, greedy=False) ->
+Trajectory | None``. It calls the engine as often as it needs (once for a
+single-turn answer, once per turn for an agent), scores the result and returns
+one trajectory; ``None`` rejects the episode (counted, never silent). Training
+and evaluation run the same episode object: evaluation passes ``greedy=True``.
+
+Register a new kind with ``@register_episode("name")`` on a factory
+``(cfg, tokenizer, reward, sampling) -> Episode``; ``rollout.episode`` selects it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from streamrl.core.engine import InferenceEngine
+from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
+
+if TYPE_CHECKING:
+    from streamrl.config.schema import Config
+    from streamrl.rollout.rewards import CompositeReward
+
+
+class Episode(Protocol):
+    """A language-model episode may also have ``prompt_ids(item) -> list[int]``, the
+    tokens of its first request: preflight measures prompts with it (else with
+    :func:`~streamrl.models.encode_prompt`) against the model's context."""
+
+    async def __call__(
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        seed: int,
+        *,
+        greedy: bool = False,
+        stratum: tuple[int, int] | None = None,
+    ) -> Trajectory | None:
+        """One episode of ``item``. ``stratum`` (j, G): member j of a group of G sharing
+        ``seed`` whose draws are stratified (GenerationRequest.stratum)."""
+        ...
+
+
+class PromptTooLong(ValueError):
+    """The item's prompt leaves no room in the model's context for one generated token:
+    the rollout counts its group as filtered (``prompt_too_long``), evaluation as an
+    incorrect answer with this error; preflight counts such prompts before the run."""
+
+    reason = "prompt_too_long"
+
+
+def check_room(item: Item, prompt_ids: list[int], result: GenerationResult) -> None:
+    """Raise PromptTooLong when the engine ended ``item``'s first request without a
+    token for want of room (an engine answers a prompt that fills its context with no
+    tokens and ``finish_reason="length"``; a request that asks for no tokens is never sent)."""
+    if not result.token_ids and result.finish_reason == "length":
+        raise PromptTooLong(
+            f"item {item.id!r}: its prompt of {len(prompt_ids)} tokens leaves no room for a "
+            "generated token in the model's context"
+        )
+
+
+EpisodeFactory = Callable[["Config", Any, "CompositeReward", SamplingParams], Episode]
+_EPISODES: dict[str, EpisodeFactory] = {}
+
+
+def register_episode(kind: str) -> Callable[[EpisodeFactory], EpisodeFactory]:
+    def decorator(factory: EpisodeFactory) -> EpisodeFactory:
+        if kind in _EPISODES and _EPISODES[kind] is not factory:
+            raise ValueError(f"episode kind {kind!r} is already registered")
+        _EPISODES[kind] = factory
+        return factory
+
+    return decorator
+
+
+def episode_kinds() -> list[str]:
+    return sorted(_EPISODES)
+
+
+def sampling_params(
+    cfg: Config, tokenizer: Any, max_new_tokens: int | None = None
+) -> SamplingParams:
+    """How the run samples: ``rollout.*``, stopping at EOS unless ``rollout.ignore_eos``."""
+    r = cfg.rollout
+    eos_id = getattr(tokenizer, "eos_token_id", None)  # None: no tokenizer (a policy)
+    eos = [eos_id] if eos_id is not None else []
+    return SamplingParams(
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_new_tokens=max_new_tokens or r.max_new_tokens,
+        stop=list(r.stop),
+        stop_token_ids=[] if r.ignore_eos else eos,
+    )
+
+
+def build_episode(
+    cfg: Config, tokenizer: Any, reward: CompositeReward, *, max_new_tokens: int | None = None
+) -> Episode:
+    """The run's episode (``rollout.episode``); ``max_new_tokens`` overrides the budget
+    (evaluation's ``eval.max_new_tokens``). Per-item budgets still take precedence."""
+    kind = cfg.rollout.episode
+    if kind not in _EPISODES:
+        raise ValueError(
+            f"rollout.episode: unknown kind {kind!r}; known: {', '.join(episode_kinds())}"
+        )
+    return _EPISODES[kind](cfg, tokenizer, reward, sampling_params(cfg, tokenizer, max_new_tokens))

@@ -1,0 +1,66 @@
+"""Reward functions (plain ``fn(completion, item) -> float``), their registry and guard.
+
+``CompositeReward([("numeric_match", 1.0), ("format_reward", 0.1)], timeout_s=5)``
+scores a completion into a :class:`RewardResult` (total, per-component values,
+errors); a component that raises or hangs is a recorded failure (see ``guard``).
+
+Beyond rule-based checks, two built-ins score with a model: ``reward_model`` (a
+sequence-classification model, concurrent calls batched into one forward pass; see
+:mod:`streamrl.rollout.rewards.reward_model`) and ``llm_judge`` (a judge model through the
+inference engine, its output parsed into a score; see :mod:`streamrl.rollout.rewards.llm_judge`).
+Use them by name (``get_reward("reward_model", path=...)``, ``reward.components``); the
+submodules keep those names, so the functions are not re-exported here.
+"""
+
+from streamrl.rollout.rewards.functions import (
+    ANSWER_TAG_PATTERN,
+    INTEGER_PATTERN,
+    exact_match,
+    extract_answer,
+    format_reward,
+    last_number,
+    math_verify,
+    numeric_match,
+    reasoning_gym,
+)
+from streamrl.rollout.rewards.guard import GuardError, Outcome, RewardGuard, describe_error
+from streamrl.rollout.rewards.llm_judge import load_judge, parse_judgement
+from streamrl.rollout.rewards.registry import (
+    CompositeReward,
+    RewardFn,
+    RewardResult,
+    build_reward,
+    get_reward,
+    register_reward,
+    reward_names,
+    reward_options,
+)
+from streamrl.rollout.rewards.reward_model import MicroBatcher, load_reward_model
+
+__all__ = [
+    "ANSWER_TAG_PATTERN",
+    "INTEGER_PATTERN",
+    "CompositeReward",
+    "GuardError",
+    "MicroBatcher",
+    "Outcome",
+    "RewardFn",
+    "RewardGuard",
+    "RewardResult",
+    "build_reward",
+    "describe_error",
+    "exact_match",
+    "extract_answer",
+    "format_reward",
+    "get_reward",
+    "last_number",
+    "load_judge",
+    "load_reward_model",
+    "math_verify",
+    "numeric_match",
+    "parse_judgement",
+    "reasoning_gym",
+    "register_reward",
+    "reward_names",
+    "reward_options",
+]

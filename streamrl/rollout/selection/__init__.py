@@ -1,0 +1,1 @@
+"""Prompt selection: which items to generate, and how a group is drawn."""

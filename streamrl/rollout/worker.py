@@ -1,0 +1,260 @@
+"""Rollout worker: runs episodes on an asyncio loop, wherever it is placed.
+
+The worker is transport-agnostic. It takes commands (:mod:`streamrl.core.messages`)
+from ``inbox``, a thread-safe queue the backend fills, and reports through
+``emit``, a callable the backend provides. The same class runs in a thread of the
+trainer's process, in a subprocess, and inside a Ray actor
+(:mod:`streamrl.stream.backends`).
+
+One item becomes one group: ``group_size`` sampled episodes plus the extra
+rollouts the algorithm asks for (ReMax's greedy baseline). Every item the worker
+receives is reported exactly once: ``GroupDone`` when usable, ``GroupRejected``
+with a counted reason otherwise (an episode that raised or was rejected, a
+reward failure, or the algorithm's filter such as dynamic sampling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from streamrl.algorithms import Algorithm, Filtered
+from streamrl.core.engine import InferenceEngine
+from streamrl.core.messages import (
+    Command,
+    GroupDone,
+    GroupRejected,
+    Pause,
+    Report,
+    Resume,
+    ScoreAhead,
+    ScoredAhead,
+    StartItems,
+    Stop,
+    VersionReport,
+)
+from streamrl.core.types import WEIGHT_KEY, Item, Trajectory
+from streamrl.rollout.episodes import Episode, PromptTooLong
+from streamrl.rollout.rewards import describe_error
+from streamrl.rollout.selection.likelihood import LikelihoodGate
+
+Emit = Callable[[Report], None]
+
+HEARTBEAT_S = 1.0
+
+
+def sampling_seed(run_seed: int, item_index: int, sample: int) -> int:
+    """Per-request sampling seed: fixed by (run seed, item, sample), not by timing."""
+    return ((run_seed * 1_000_003 + item_index) * 1_009 + sample) % (2**62)
+
+
+def group_draws(
+    run_seed: int, item_index: int, group_size: int, stratified: bool
+) -> list[tuple[int, tuple[int, int] | None]]:
+    """(seed, stratum) of each sample of a group. Independent: a seed per sample.
+    Stratified (rollout.group_sampling): one seed, and member j of G shifts its uniforms
+    by j/G, so each sample is still an exact draw from the policy while the draws of the
+    members that share a context are spread evenly over its distribution
+    (GenerationRequest.stratum)."""
+    if not stratified:
+        return [(sampling_seed(run_seed, item_index, j), None) for j in range(group_size)]
+    seed = sampling_seed(run_seed, item_index, 0)
+    return [(seed, (j, group_size)) for j in range(group_size)]
+
+
+def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Sums of the per-episode metrics episodes leave in ``metadata["metrics"]``, and
+    ``episodes``, how many episodes reported (the pool turns the sums into means)."""
+    total: Counter[str] = Counter()
+    for t in trajectories:
+        if "metrics" in t.metadata:
+            total.update(t.metadata["metrics"])
+            total["episodes"] += 1
+    return dict(total)
+
+
+class RolloutWorker:
+    """Turns items from ``inbox`` into reported groups, using ``episode`` on ``engine``."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        episode: Episode,
+        algorithm: Algorithm,
+        emit: Emit,
+        *,
+        group_size: int,
+        seed: int,
+        gate: LikelihoodGate | None = None,
+        stratified: bool = False,
+    ) -> None:
+        self.engine, self.episode, self.algorithm, self.emit = engine, episode, algorithm, emit
+        self.group_size, self.seed, self.gate = group_size, seed, gate
+        self.stratified = stratified
+        self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+
+    async def run(self, on_tick: Callable[[], None] | None = None) -> None:
+        """The worker loop; returns on ``Stop``. ``on_tick`` runs every iteration
+        before commands are read (the process backend loads new shared weights there)."""
+        tasks: set[asyncio.Task] = set()
+        reported, last_beat = None, 0.0
+        try:
+            while True:
+                if on_tick is not None:
+                    on_tick()
+                now = time.monotonic()
+                if self.engine.version != reported or now - last_beat > HEARTBEAT_S:
+                    reported, last_beat = self.engine.version, now
+                    stats = getattr(self.engine, "stats", None)
+                    self.emit(VersionReport(reported, dataclasses.asdict(stats) if stats else {}))
+                while True:  # every queued command, so a wave of items starts together
+                    try:
+                        cmd = self.inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(cmd, Stop):
+                        return
+                    if isinstance(cmd, Pause):
+                        self.engine.pause()
+                    elif isinstance(cmd, Resume):
+                        self.engine.resume()
+                    elif isinstance(cmd, StartItems):
+                        # create every group before yielding to the loop, so the engine
+                        # sees the whole wave at once (deterministic batching)
+                        tasks.update(asyncio.create_task(g) for g in self.groups(cmd))
+                    elif isinstance(cmd, ScoreAhead):
+                        tasks.add(asyncio.create_task(self._score_ahead(cmd)))
+                    else:
+                        raise TypeError(f"unknown rollout worker command {cmd!r}")
+                if tasks:
+                    done, tasks = await asyncio.wait(
+                        tasks, timeout=0.005, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for t in done:
+                        t.result()  # re-raise bugs in the worker itself
+                else:
+                    await asyncio.sleep(0.002)
+        finally:
+            self.engine.resume()  # a paused engine would block cancellation forever
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def groups(self, cmd: StartItems) -> list[Coroutine[Any, Any, None]]:
+        """One coroutine per item of ``cmd``, each reporting its group through ``emit``."""
+        return [self._run_group(c, c[0].index not in cmd.forced) for c in cmd.candidates()]
+
+    async def _run_group(self, candidates: list[Item], gated: bool = True) -> None:
+        item, alternates = candidates[0], candidates[1:]
+        report = await rollout_group(
+            self.engine, self.episode, self.algorithm, item, self.group_size, self.seed,
+            self.gate if gated else None, alternates, stratified=self.stratified,
+        )  # fmt: skip
+        if report is not None:  # None: shutting down, the pool accounts for the item
+            self.emit(report)
+
+    async def _score_ahead(self, cmd: ScoreAhead) -> None:
+        if self.gate is None:
+            raise TypeError("ScoreAhead needs the likelihood gate (selection.kind=likelihood)")
+        version = self.engine.version
+        try:
+            outcomes, accepted, unscored = await self.gate.score_ahead(self.engine, list(cmd.items))
+        except asyncio.CancelledError:
+            return  # shutting down: the pool keeps the batch's items
+        report = ScoredAhead(cmd.batch, version, tuple(outcomes), tuple(accepted), tuple(unscored))
+        self.emit(report)
+
+
+def _failed(index: int, kind: str, error: BaseException) -> GroupRejected:
+    """A failed item whose detail is a one-line summary first (what the console and
+    errors quote), then the traceback."""
+    detail = describe_error(error) + "\n" + "".join(traceback.format_exception(error)).strip()
+    return GroupRejected(index, "failed", f"{kind}:{type(error).__name__}", detail)
+
+
+async def rollout_group(
+    engine: InferenceEngine,
+    episode: Episode,
+    algorithm: Algorithm,
+    item: Item,
+    group_size: int,
+    seed: int,
+    gate: LikelihoodGate | None = None,
+    alternates: list[Item] | tuple[Item, ...] = (),
+    *,
+    stratified: bool = False,
+) -> GroupDone | GroupRejected | None:
+    """Roll one item out ``group_size`` times (plus the algorithm's extra rollouts),
+    score it and judge it; None if cancelled. Every other outcome is a report. A
+    ``gate`` (``selection.kind=likelihood``) first scores the item and its
+    ``alternates`` and generates the first candidate it accepts, as ``item.index``.
+    ``stratified``: the group's draws are stratified (:func:`group_draws`)."""
+    if gate is None:
+        return await _rollout(engine, episode, algorithm, item, group_size, seed, stratified)
+    try:
+        choice = await gate.choose(engine, item.index, [item, *alternates])
+    except asyncio.CancelledError:
+        return None
+    told = {"gate": tuple(choice.outcomes), "spares": tuple(choice.spares)}
+    if choice.error is not None:  # a scoring failure is recorded, like an episode's
+        return dataclasses.replace(_failed(item.index, "selection_error", choice.error), **told)
+    if choice.item is None:
+        return GroupRejected(item.index, "filtered", choice.reason, choice.detail, **told)
+    report = await _rollout(engine, episode, algorithm, choice.item, group_size, seed, stratified)
+    return None if report is None else dataclasses.replace(report, **told)
+
+
+async def _rollout(
+    engine: InferenceEngine,
+    episode: Episode,
+    algorithm: Algorithm,
+    item: Item,
+    group_size: int,
+    seed: int,
+    stratified: bool = False,
+) -> GroupDone | GroupRejected | None:
+    """The group of ``item``, generated, scored and judged (None: cancelled)."""
+    draws = group_draws(seed, item.index, group_size, stratified)
+    coros = [
+        episode(engine, item, s, stratum=j) if j else episode(engine, item, s) for s, j in draws
+    ]
+    coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    if any(isinstance(r, asyncio.CancelledError) for r in results):
+        return None
+    index = item.index
+    for r in results:
+        if isinstance(r, PromptTooLong):  # the item cannot be rolled out: filtered
+            return GroupRejected(index, "filtered", r.reason, str(r))
+        if isinstance(r, BaseException):
+            return _failed(index, "episode_error", r)
+    if any(r is None for r in results):
+        return GroupRejected(index, "filtered", "episode_rejected")
+    trajectories: list[Trajectory] = list(results)
+    # a mixture's domain and correct reward, for per-domain metrics; the gate's weight
+    for t in trajectories:
+        for key in ("domain", "correct_reward", WEIGHT_KEY):
+            if key in item.metadata:
+                t.metadata.setdefault(key, item.metadata[key])
+    metrics = episode_metrics(trajectories)
+    for t in trajectories:
+        errors = t.metadata.get("reward_errors") or {}
+        if errors:
+            name, text = next(iter(errors.items()))
+            return GroupRejected(
+                index, "failed", f"reward_error:{name}", text, episode_metrics=metrics
+            )
+    samples, rest = trajectories[:group_size], trajectories[group_size:]
+    extras = {x.name: t for x, t in zip(algorithm.extra_rollouts, rest, strict=True)}
+    rewards = tuple(float(t.reward) for t in samples)
+    reward_sum, n = sum(rewards), len(samples)
+    kept = algorithm.finish_group(samples, extras)
+    if isinstance(kept, Filtered):
+        return GroupRejected(index, "filtered", kept.reason, "", reward_sum, n, metrics, rewards)
+    return GroupDone(index, tuple(kept), reward_sum, n, metrics, rewards)

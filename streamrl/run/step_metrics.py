@@ -1,0 +1,167 @@
+"""Every per-step RL metric, gathered in one place (and the run's RL totals).
+
+A row of ``metrics.jsonl`` holds: the trainer's loss diagnostics; the batch's
+reward, accuracy and response length; staleness (min/mean/max and the count of
+groups at each lag); tokens carried across weight updates; stage times
+``time/*``; the stream's accounting ``stream/*``; prompt selection's ``selection/*``
+(items skipped before issue); the rollout side's mean reward
+over every scored sample and summed per-episode counters; weight publish and
+sync times; and throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from streamrl.analysis.evaluate import is_correct
+from streamrl.core.transitions import Transitions
+from streamrl.core.types import WEIGHT_KEY, Batch, Segment
+from streamrl.sources import item_correct_reward, item_domain
+from streamrl.stream.books import PoolBooks
+from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, staleness_metrics
+
+# engine counters of work done: tokens generated (LM) or observations acted on (policy)
+ENGINE_WORK = ("tokens_generated", "env_steps")
+
+
+class StepMetrics:
+    def __init__(self, correct_reward: str, group_size: int) -> None:
+        self.correct_reward, self.group_size = correct_reward, group_size
+        self.t_start = time.time()
+        self.tokens = self.carried = 0
+        self.waited = 0.0
+
+    def row(
+        self,
+        step: int,
+        groups: list[Group],
+        batch: Batch,
+        train_metrics: dict[str, float],
+        timings: dict[str, float],
+        stream: SampleStream,
+        pool: PoolBooks,
+    ) -> dict[str, float]:
+        """The metrics of RL step ``step`` (1-based: the weight version it produced)."""
+        trajectories = [t for g in groups for t in g.trajectories]
+        self.waited += timings.get("time/wait_batch", 0.0)
+        elapsed = max(time.time() - self.t_start, 1e-9)
+        m: dict[str, Any] = dict(train_metrics)
+        if isinstance(trajectories[0], (Segment, Transitions)):
+            m.update(self._segments(trajectories, elapsed))
+        else:
+            m.update(self._tokens(trajectories, groups, batch, elapsed, stream))
+        m.update(staleness_metrics(groups, step - 1))  # the version that consumed the batch
+        m.update(timings)
+        m.update(stream.stats.as_metrics())
+        m.update(pool.selection_metrics())
+        m.update(pool.pop_rollout_stats())
+        engines = pool.total_engine_stats()
+        m["rollout/engine_steps"] = float(sum(v for k, v in engines.items() if k in ENGINE_WORK))
+        m["rollout/driven_steps"] = float(engines.get("driven_steps", 0))  # runtime.lend_cores
+        m["rollout/worker_restarts"] = pool.restarts
+        m["rollout/reissued_items"] = pool.reissued
+        m["time/weight_publish"] = pool.publish_s.get(step, 0.0)
+        if step - 1 in pool.sync_latency:  # the previous version's, complete by now
+            m["time/weight_sync_latency"] = pool.sync_latency[step - 1]
+        return m
+
+    def _segments(self, segments: list[Segment | Transitions], elapsed: float) -> dict[str, float]:
+        """Environment steps: the episodes that ended in the batch, and throughput; with
+        logged data (offline RL), its transitions and their share of the batch."""
+        logged = [s for s in segments if isinstance(s, Transitions) and s.logged]
+        played = [s for s in segments if not (isinstance(s, Transitions) and s.logged)]
+        steps = sum(s.num_generated for s in played)
+        self.tokens += steps  # environment steps, for a run's totals
+        returns = [r for s in played for r in s.episode_returns]
+        lengths = [n for s in played for n in s.episode_lengths]
+        m: dict[str, float] = {}
+        if logged:
+            n_logged = sum(s.size for s in logged)
+            m["offline/transitions"] = float(n_logged)
+            m["offline/fraction"] = n_logged / (n_logged + steps)
+            m["offline/reward_mean"] = sum(float(s.rewards.sum()) for s in logged) / n_logged
+        m |= {
+            "reward_mean": sum(float(s.rewards.sum()) for s in played) / max(steps, 1),
+            "env_steps": float(steps),
+            "env_steps_total": float(self.tokens),
+            "env_steps_per_s": self.tokens / elapsed,
+            "episodes": float(len(returns)),
+        }
+        if returns:
+            m.update(
+                episode_return=sum(returns) / len(returns),
+                episode_return_max=max(returns),
+                episode_length=sum(lengths) / len(lengths),
+            )
+        return m
+
+    def _tokens(self, trajectories, groups, batch, elapsed: float, stream) -> dict[str, float]:
+        correct = [
+            is_correct(t.metadata["reward_components"], item_correct_reward(t, self.correct_reward))
+            for t in trajectories
+        ]
+        by_domain: dict[str, list[bool]] = {}
+        for t, ok in zip(trajectories, correct, strict=True):
+            if (domain := item_domain(t)) is not None:
+                by_domain.setdefault(domain, []).append(ok)
+        generated = batch.loss_mask.sum(1).float()  # (N,)
+        self.tokens += int(generated.sum())
+        carried = carried_metrics(groups)
+        self.carried += int(carried["rollout/carried_tokens"])
+        m: dict[str, Any] = {}
+        m["reward_mean"] = float(batch.rewards.mean())
+        m["reward_std"] = float(batch.rewards.std()) if batch.size > 1 else 0.0
+        m["response_length"] = float(generated.mean())
+        m["accuracy"] = sum(correct) / len(correct)
+        m.update({f"accuracy/{d}": sum(v) / len(v) for d, v in by_domain.items()})
+        m.update(carried)
+        m["rollout/carried_tokens_total"] = self.carried
+        weights = [float(t.metadata[WEIGHT_KEY]) for t in trajectories if WEIGHT_KEY in t.metadata]
+        if weights:  # selection.acceptance=importance: before the batch's normalisation
+            m["selection/weight_mean"] = sum(weights) / len(weights)
+            m["selection/weight_max"] = max(weights)
+        m["tokens_per_s"] = self.tokens / elapsed
+        m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
+        return m
+
+    def rl_seconds(self) -> float:
+        """RL wall time so far, across resumes (``run.max_rl_seconds``)."""
+        return time.time() - self.t_start
+
+    def state(self) -> dict[str, float]:
+        """Totals carried across a resume (checkpoints)."""
+        return {
+            "rl_time_s": self.rl_seconds(),
+            "tokens": self.tokens,
+            "carried": self.carried,
+            "waited": self.waited,
+        }
+
+    def load_state(self, state: dict[str, float]) -> None:
+        self.t_start = time.time() - state["rl_time_s"]
+        self.tokens, self.carried = int(state["tokens"]), int(state["carried"])
+        self.waited = state["waited"]
+
+    def summary(self, pool: PoolBooks, stream: SampleStream) -> dict[str, Any]:
+        """RL totals for ``summary.json``."""
+        out: dict[str, Any] = {
+            "rl_time_s": self.rl_seconds(),
+            "worker_restarts": pool.restarts,
+            "reissued_items": pool.reissued,
+            "resumed_items": pool.resumed_items,
+            "carried_tokens": self.carried,
+            "rl_tokens_consumed": self.tokens,
+            # colocated: the time the engine had the cores (generation), the rest training
+            "rl_wait_batch_s": self.waited,
+            "engine": pool.total_engine_stats(),
+            **stream.stats.as_metrics(),
+            **pool.selection_metrics(),
+        }
+        for key, values in (
+            ("weight_sync_latency_s_mean", list(pool.sync_latency.values())),
+            ("weight_publish_s_mean", list(pool.publish_s.values())),
+        ):
+            if values:
+                out[key] = sum(values) / len(values)
+        return out
