@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models.policies import load_policy
 from streamrl.run.launch import train
 from streamrl.sources.gym import make_env

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, load_config
 from streamrl.core.types import GenerationResult
 from streamrl.engines.inference.engine import EngineStats
 from streamrl.models import load_model_and_tokenizer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, load_config
 
 QUIET_TINY = [
     "model.name_or_path=tiny-small",

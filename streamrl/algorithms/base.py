@@ -35,7 +35,7 @@ from streamrl.algorithms.registry import UnknownNameError, advantage_names
 from streamrl.core.types import Batch, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
+    from streamrl.config import Config
     from streamrl.stream.sample_stream import Group
 
 

@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Any
 
+from streamrl.config import ConfigError, load_config
 from streamrl.config.options import check_path_component
 from streamrl.config.plugins import import_plugins
-from streamrl.config.schema import ConfigError, load_config
 from streamrl.run.progress import Progress
 
 
@@ -237,7 +237,7 @@ def cmd_log_completions(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from streamrl.config.schema import config_reference, save_config
+    from streamrl.config import config_reference, save_config
 
     if args.reference:
         print(config_reference())

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class VLLMOptions(_Section):
+class VLLMOptions(Section):
     """vLLM's own engine arguments (``rollout.engine: vllm``); streamrl sets the rest."""
 
     dtype: str = Field(
@@ -37,7 +37,7 @@ class VLLMOptions(_Section):
     )
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     episode: str = Field(
         "single_turn",
         description="Registered episode kind: how one item is rolled out "
@@ -129,7 +129,7 @@ class RolloutConfig(_Section):
     )
 
 
-class AgentConfig(_Section):
+class AgentConfig(Section):
     """Multi-turn, tool-using episodes (``rollout.episode: agent``)."""
 
     tools: list[str] = Field(

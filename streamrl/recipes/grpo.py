@@ -11,7 +11,7 @@ pipeline leaves exactly the same weights as this loop
 (eta >= 1), several workers and backends, fault tolerance, checkpoints and the
 run directory. Read the pieces in this order:
 
-    config ........ streamrl/config/schema.py          every key, typed and documented
+    config ........ streamrl/config/                   every key, typed and documented
     episode ....... streamrl/rollout/episodes/          prompt -> completion -> reward
     rollout_group . streamrl/rollout/worker.py         group_size episodes of one item
     algorithm ..... streamrl/algorithms/policy_gradient.py   advantages, loss
@@ -33,7 +33,7 @@ import torch
 from streamrl.algorithms import build_algorithm, sft_loss
 from streamrl.algorithms.stages.sft import run_sft, sft_batches
 from streamrl.analysis.evaluate import evaluate_model
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, load_config
 from streamrl.core.messages import GroupDone
 from streamrl.core.timing import StageTimer
 from streamrl.engines.factory import batch_invariant, engine_options, make_inference_engine

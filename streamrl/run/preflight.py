@@ -21,8 +21,8 @@ import torch
 from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
 from streamrl.algorithms.stages.alol import positive_advantages
 from streamrl.algorithms.stages.base import encode_logged
+from streamrl.config import Config, source_of
 from streamrl.config.options import OptionsError, validate_options
-from streamrl.config.schema import Config, source_of
 from streamrl.core.types import Item
 from streamrl.engines.inference.sampling import is_raw
 from streamrl.models.loading import check_model_source, load_tokenizer

@@ -41,7 +41,7 @@ from streamrl.algorithms import sft_loss
 from streamrl.algorithms.stages import OFFLINE_STAGES, PRE_RL_STAGES, StageData, context_length
 from streamrl.algorithms.stages.sft import run_sft, sft_batches
 from streamrl.analysis.evaluate import EvalResult, evaluate_model
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.core.atomic import replacing
 from streamrl.core.timing import StageTimer
 from streamrl.engines.factory import batch_invariant, is_policy, make_train_engine

@@ -16,7 +16,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 
 from streamrl.cli.main import main
-from streamrl.config.schema import Config, ConfigError, load_config
+from streamrl.config import Config, ConfigError, load_config
 from tests.paths import TESTS
 
 CORPUS = TESTS / "bad_inputs"

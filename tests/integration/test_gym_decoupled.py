@@ -13,7 +13,7 @@ import torch
 from streamrl.algorithms import build_algorithm
 from streamrl.algorithms.actor_critic import actor_critic_loss
 from streamrl.algorithms.losses import PolicyLossParams, decoupled_old_policy
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.engines.train.policy import PolicyTrainEngine
 from streamrl.models.policies import build_policy

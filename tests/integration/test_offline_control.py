@@ -17,7 +17,7 @@ import torch
 from streamrl.algorithms import build_algorithm
 from streamrl.algorithms import offline_losses as L
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core import transitions
 from streamrl.core.timing import StageTimer
 from streamrl.core.transitions import Transitions, segment_transitions

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.recipes import grpo
 from streamrl.run.launch import train

@@ -20,7 +20,7 @@ from streamrl.algorithms.stages.base import (
     reference_logprobs,
     shuffled_epochs,
 )
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.core.types import Batch, Trajectory
 from streamrl.sources.logged import load_preferences
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.models.loading import resolve_dtype
 from streamrl.rollout.episodes import build_episode, sampling_params

@@ -17,7 +17,7 @@ from streamrl.algorithms import (
     build_algorithm,
     register_algorithm,
 )
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected, StartItems, VersionReport
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import Item, Trajectory

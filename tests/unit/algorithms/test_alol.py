@@ -16,7 +16,7 @@ from streamrl.algorithms import PolicyLossParams, get_policy_loss, make_rl_loss_
 from streamrl.algorithms.alol import reference_value
 from streamrl.algorithms.stages import build_alol_stage, encode_logged
 from streamrl.algorithms.stages.sft import run_sft
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import Batch, Item
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model

@@ -14,7 +14,7 @@ import torch
 from streamrl.algorithms.dpo import DPOLoss, get_preference_loss
 from streamrl.algorithms.stages import build_dpo_stage, encode_logged
 from streamrl.algorithms.stages.sft import run_sft
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import Batch
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model

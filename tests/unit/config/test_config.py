@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import ConfigError, load_config, parse_override, save_config
+from streamrl.config import ConfigError, load_config, parse_override, save_config
 from tests.paths import ROOT
 
 

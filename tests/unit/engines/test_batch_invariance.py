@@ -17,7 +17,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import Batch, GenerationRequest, GenerationResult, Item, SamplingParams
 from streamrl.engines import invariant

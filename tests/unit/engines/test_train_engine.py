@@ -329,7 +329,7 @@ def test_compiling_a_model_without_decoder_layers_names_the_key() -> None:
 
 
 def test_preflight_refuses_train_compile_for_an_environment_policy() -> None:
-    from streamrl.config.schema import load_config
+    from streamrl.config import load_config
     from streamrl.run.preflight import PreflightError, check_train_compile
 
     check_train_compile(load_config(None, ["train.compile=true"]))  # a language model: fine

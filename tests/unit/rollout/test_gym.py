@@ -14,7 +14,7 @@ import torch
 
 from streamrl.algorithms import build_algorithm
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.models.policies import build_policy, load_policy
 from streamrl.rollout.episodes.gym import GymEpisode

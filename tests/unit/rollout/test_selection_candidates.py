@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import ScoreAhead, StartItems, VersionReport
 from streamrl.core.types import Item, SamplingParams, Trajectory
 from streamrl.rollout.selection.likelihood import CandidateBudget, LikelihoodGate, candidates_for

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import (
     WEIGHT_KEY,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupRejected
 from streamrl.core.types import GenerationRequest, GenerationResult, Item, SamplingParams
 from streamrl.engines.inference.engine import LocalEngine
