@@ -32,7 +32,7 @@ def endpoint_cfg(tmp_path: Path, *extra: str) -> Config:
             "train.items_per_step=1",
             "train.steps=2",
             "stream.max_staleness=0",
-            "algorithm.advantage=reinforce_pp",
+            "algorithm.name=reinforce_pp",
             "algorithm.dynamic_sampling=false",
             "rollout.max_new_tokens=4",
             "endpoint.enabled=true",

@@ -6,7 +6,15 @@ errors are worded (``reading.py``, ``loading.py``), the reference of every key
 (``reference.py``, the source of ``docs/config.md``), the options of components
 (``options.py``) and user plugins (``plugins.py``)."""
 
-from streamrl.config.algorithm import AlgorithmConfig
+from streamrl.config.algorithm import (
+    AlgorithmConfig,
+    CorrectionConfig,
+    KLConfig,
+    OfflineConfig,
+    PPOConfig,
+    RunContext,
+    VTraceConfig,
+)
 from streamrl.config.base import LRSchedule, Section
 from streamrl.config.data import DataConfig
 from streamrl.config.endpoint import EndpointConfig
@@ -33,6 +41,11 @@ from streamrl.config.stream import StreamConfig
 from streamrl.config.train import TrainConfig
 
 __all__ = [
+    "VTraceConfig",
+    "PPOConfig",
+    "OfflineConfig",
+    "KLConfig",
+    "CorrectionConfig",
     "RENAMED_KEYS",
     "ALoLConfig",
     "AgentConfig",
@@ -49,6 +62,7 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",
+    "RunContext",
     "RuntimeConfig",
     "SFTConfig",
     "Section",

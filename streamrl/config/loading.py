@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from streamrl.config import algorithm
 from streamrl.config.plugins import PluginError, import_plugins
 from streamrl.config.reading import ConfigSource, YamlDoc, YamlError, keep_raw_strings, read_yaml
 from streamrl.config.schema import Config
@@ -26,7 +27,10 @@ RENAMED_KEYS = {
     "sft.batch_size": "sft.examples_per_step",
     "rollout.max_batch_size": "rollout.decode_slots",
     "stream.max_inflight_groups": "stream.max_inflight_items",
+    **algorithm.RENAMED_KEYS,
 }
+#: values that changed with their key: new key -> {old value: new value}
+RENAMED_VALUES = {**algorithm.RENAMED_VALUES}
 
 
 def source_of(cfg: Config) -> ConfigSource:
@@ -133,9 +137,9 @@ def _format_errors(err: ValidationError, source: ConfigSource) -> str:
         loc = tuple(str(p) for p in item["loc"])
         key = ".".join(loc) or "<root>"
         msg = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            msg = f"renamed to {RENAMED_KEYS[key]}" if key in RENAMED_KEYS else "unknown key"
         value = item.get("input")
+        if item["type"] == "extra_forbidden":
+            msg = _renamed(key, value)
         if item["type"] == "finite_entry":  # inside a dictionary or list: name the entry
             loc = (*loc, *item["ctx"]["path"].split("."))
             key, value = ".".join(loc), item["ctx"]["value"]
@@ -145,6 +149,18 @@ def _format_errors(err: ValidationError, source: ConfigSource) -> str:
     if len(out) == 1:
         return f"invalid config: {out[0]}"
     return "invalid config:\n  " + "\n  ".join(out)
+
+
+def _renamed(key: str, value: Any) -> str:
+    """What an unknown key's error says: its new name if it was renamed (and its value's,
+    if that was renamed too), else that it is unknown."""
+    new = RENAMED_KEYS.get(key)
+    if new is None:
+        return "unknown key"
+    values = RENAMED_VALUES.get(new, {})
+    if isinstance(value, str) and value in values:
+        return f"renamed to {new}, and {value!r} to {values[value]!r}: {new}: {values[value]}"
+    return f"renamed to {new}"
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -16,7 +16,7 @@ class VLLMOptions(Section):
     dtype: str = Field(
         "bfloat16",
         description="vLLM's weights and activations (the trainer keeps model.dtype; the gap "
-        "shows in mismatch/*, see algorithm.is_correction).",
+        "shows in mismatch/*, see algorithm.correction.kind).",
     )
     gpu_memory_utilization: float = Field(
         0.5,
@@ -93,7 +93,7 @@ class RolloutConfig(Section):
         "~1e-6 of MKL's: SmolLM2's linear layers ~1.8x faster at 16 rows on AVX2 (tiny "
         "models: slower). "
         "The trainer and evaluation stay fp32; the gap shows in mismatch/* "
-        "(see algorithm.is_correction).",
+        "(see algorithm.correction.kind).",
     )
     compile: bool = Field(
         False,

@@ -21,7 +21,7 @@ import torch
 from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
 from streamrl.algorithms.stages.alol import positive_advantages
 from streamrl.algorithms.stages.base import encode_logged
-from streamrl.config import Config, source_of
+from streamrl.config import Config, RunContext, source_of
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.core.types import Item
 from streamrl.engines.inference.sampling import is_raw
@@ -419,11 +419,11 @@ def check_selection(cfg: Config) -> None:
                 "success rate; set rollout.ignore_eos=false or selection.kind=none"
             )
         if sel.acceptance == "importance" and not issubclass(
-            algorithm_class(cfg.algorithm.advantage), PolicyGradient
+            algorithm_class(cfg.algorithm.name), PolicyGradient
         ):
             raise PreflightError(
                 "selection.acceptance=importance weights the advantages of a policy-gradient "
-                f"update, but algorithm.advantage={cfg.algorithm.advantage} is not one"
+                f"update, but algorithm.name={cfg.algorithm.name} is not one"
             )
         return
     g = cfg.rollout.group_size
@@ -545,7 +545,7 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     check_reward_options(cfg)
     check_model_options(cfg)
     try:
-        algorithm = build_algorithm(cfg)
+        algorithm = build_algorithm(cfg.algorithm, RunContext.of(cfg))
     except (KeyError, ValueError) as e:
         raise PreflightError(str(e).strip("'\"")) from None
     try:

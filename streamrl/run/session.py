@@ -37,9 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.algorithms import sft_loss
-from streamrl.algorithms.stages import OFFLINE_STAGES, PRE_RL_STAGES, StageData, context_length
-from streamrl.algorithms.stages.sft import run_sft, sft_batches
+from streamrl.algorithms.stages import PRE_RL_STAGES, STAGES, StageData, StageInputs, context_length
+from streamrl.algorithms.stages.sft import run_sft
 from streamrl.analysis.evaluate import EvalResult, evaluate_model
 from streamrl.config import Config
 from streamrl.core.atomic import replacing
@@ -356,20 +355,15 @@ class Session:
     def stage_data(self, name: str) -> StageData:
         """The batches, loss and extra models of pre-RL stage ``name``."""
         cfg = self.cfg
-        if name != "sft":
-            return OFFLINE_STAGES[name](
-                cfg, self.tokenizer, self.trainer, context_length(self.model)
-            )
-        episode = build_episode(cfg, self.tokenizer, self.inputs.reward)
-        batches = sft_batches(
+        inputs = StageInputs(
             self.tokenizer,
-            self.inputs.source.train_iter(cfg.seed + 1),
-            cfg.sft.examples_per_step,
-            cfg.sft.corrupt_fraction,
+            self.trainer,
             cfg.seed,
-            replay=getattr(episode, "replay", None),  # multi-turn teacher traces
+            max_len=context_length(self.model),
+            items=self.inputs.source.train_iter,
+            episode=lambda: build_episode(cfg, self.tokenizer, self.inputs.reward),
         )
-        return StageData(batches, sft_loss)
+        return STAGES[name](getattr(cfg, name), inputs)
 
     def train_stage(self, name: str, ckpt: Checkpoint | None) -> None:
         """``cfg.<name>.steps`` optimizer steps of a pre-RL stage (SFT on the task's

@@ -240,7 +240,7 @@ def test_the_non_finite_cases_cover_every_kind_of_float_field() -> None:
     for key in (
         "reward.components.0.weight",
         "reward.components.0.options.x.y",
-        "algorithm.icepop_band.0",
+        "algorithm.correction.icepop_band.0",
         "rollout.vllm.gpu_memory_utilization",
         "data.options.x.y",
         "agent.tool_options.x.y",

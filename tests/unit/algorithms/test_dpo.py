@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamrl.algorithms.dpo import DPOLoss, get_preference_loss
-from streamrl.algorithms.stages import build_dpo_stage, encode_logged
+from streamrl.algorithms.stages import StageInputs, build_dpo_stage, encode_logged
 from streamrl.algorithms.stages.sft import run_sft
 from streamrl.config import load_config
 from streamrl.core.types import Batch
@@ -121,7 +121,7 @@ def test_a_short_dpo_stage_raises_chosen_over_rejected(tmp_path: Path):
     )
     model, tokenizer = load_model("tiny-small", seed=0)
     engine = TrainEngine(model, lr=1e-2, micro_batch_sequences=4)  # 2 pairs per micro-batch
-    stage = build_dpo_stage(cfg, tokenizer, engine, max_len=256)
+    stage = build_dpo_stage(cfg.dpo, StageInputs(tokenizer, engine, cfg.seed, max_len=256))
     everything = Batch.collate(
         [
             encode_logged(tokenizer, p.item, text, max_len=None, source="", line=p.line, field="")

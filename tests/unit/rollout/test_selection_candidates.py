@@ -13,7 +13,6 @@ import time
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
 from streamrl.config import load_config
 from streamrl.core.messages import ScoreAhead, StartItems, VersionReport
 from streamrl.core.types import Item, SamplingParams, Trajectory
@@ -21,6 +20,7 @@ from streamrl.rollout.selection.likelihood import CandidateBudget, LikelihoodGat
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import SampleStream
+from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_selection import ScriptedBackend
 
 
@@ -111,7 +111,7 @@ class GateBackend(ScriptedBackend):
     def __init__(self) -> None:
         super().__init__()
         self.gate = ScriptedGate()
-        algorithm = build_algorithm(load_config(None, []))
+        algorithm = algorithm_of(load_config(None, []))
         self.engine = type("Engine", (), {"version": 0})()  # the weight version, nothing else
         self.worker = RolloutWorker(
             self.engine, self.episode, algorithm, self.emit, group_size=4, seed=0, gate=self.gate
