@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from streamrl.algorithms import build_algorithm
-from streamrl.algorithms.stages import StageInputs, build_sft_stage
-from streamrl.algorithms.stages.sft import run_sft
+from streamrl.algorithms.stages import StageInputs, build_sft_stage, run_stage
 from streamrl.analysis.evaluate import evaluate_model
 from streamrl.config import Config, RunContext, load_config
 from streamrl.core.messages import GroupDone
@@ -95,7 +94,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
             tokenizer, trainer, cfg.seed, items=source.train_iter, episode=lambda: episode
         )
         sft = build_sft_stage(s, inputs)
-        _, last = run_sft(trainer, sft.batches, s.steps, sft.loss_fn, lambda step, m: None)
+        _, last = run_stage(trainer, sft.batches, s.steps, sft.loss_fn, lambda step, m: None)
         log(f"[sft] {s.steps} steps, final loss {last.get('loss', float('nan')):.3f}")
     engine.update_weights(trainer.state_dict_for_inference(), 0)  # version 0: RL's start
 

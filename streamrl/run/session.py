@@ -37,8 +37,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.algorithms.stages import PRE_RL_STAGES, STAGES, StageData, StageInputs, context_length
-from streamrl.algorithms.stages.sft import run_sft
+from streamrl.algorithms.stages import (
+    PRE_RL_STAGES,
+    STAGES,
+    StageData,
+    StageInputs,
+    context_length,
+    run_stage,
+)
 from streamrl.analysis.evaluate import EvalResult, evaluate_model
 from streamrl.config import Config
 from streamrl.core.atomic import replacing
@@ -407,7 +413,7 @@ class Session:
 
         timer = StageTimer()
         with timer(name):
-            done, last = run_sft(
+            done, last = run_stage(
                 trainer, stage.batches, section.steps, stage.loss_fn, on_step, start, stage.prepare
             )
         seconds = timer.seconds[f"time/{name}"]

@@ -15,6 +15,7 @@ from streamrl.algorithms.stages.base import (
     StageInputs,
     context_length,
     encode_logged,
+    run_stage,
 )
 from streamrl.algorithms.stages.dpo import build_dpo_stage
 from streamrl.algorithms.stages.sft import build_sft_stage
@@ -38,4 +39,5 @@ __all__ = [
     "build_sft_stage",
     "context_length",
     "encode_logged",
+    "run_stage",
 ]

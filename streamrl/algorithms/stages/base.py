@@ -129,3 +129,24 @@ def reference_logprobs(trainer: Any, reference: torch.nn.Module, batch: Batch) -
     """(N, T) token log-probs of ``batch`` under the frozen reference, through the train
     engine's own forward (the same numerics as the policy's log-probs in the loss)."""
     return trainer.compute_logprobs(batch, model=reference)
+
+
+def run_stage(
+    trainer: Any,
+    batches: Iterator[Batch],
+    steps: int,
+    loss_fn: LossFn,
+    on_step: Callable[[int, dict], bool | None],
+    start: int = 0,
+    prepare: Callable[[Batch], Batch] | None = None,
+) -> tuple[int, dict[str, float]]:
+    """A stage's optimizer steps ``start .. steps-1`` of ``loss_fn`` (SFT's token-mean NLL,
+    DPO's, A-LoL's), each batch first through ``prepare`` (e.g. a reference's log-probs).
+    ``on_step`` returning True stops early. Returns (steps completed, the last metrics)."""
+    metrics: dict[str, float] = {}
+    for step in range(start, steps):
+        batch = next(batches)
+        metrics = trainer.train_batch(prepare(batch) if prepare else batch, loss_fn)
+        if on_step(step, metrics):
+            return step + 1, metrics
+    return steps, metrics

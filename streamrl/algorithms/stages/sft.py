@@ -105,24 +105,3 @@ def build_sft_stage(section: SFTConfig, inputs: StageInputs) -> StageData:
         replay=episode.replay if isinstance(episode, ReplaysTraces) else None,
     )
     return StageData(batches, sft_loss)
-
-
-def run_sft(
-    trainer,
-    batches: Iterator[Batch],
-    steps: int,
-    loss_fn,
-    on_step: Callable[[int, dict], bool | None],
-    start: int = 0,
-    prepare: Callable[[Batch], Batch] | None = None,
-) -> tuple[int, dict[str, float]]:
-    """Optimizer steps ``start .. steps-1`` of ``loss_fn`` (token-mean NLL for SFT; any
-    stage's loss), each batch first through ``prepare`` (e.g. a reference's log-probs).
-    ``on_step`` returning True stops early. Returns (steps completed, the last metrics)."""
-    metrics: dict[str, float] = {}
-    for step in range(start, steps):
-        batch = next(batches)
-        metrics = trainer.train_batch(prepare(batch) if prepare else batch, loss_fn)
-        if on_step(step, metrics):
-            return step + 1, metrics
-    return steps, metrics

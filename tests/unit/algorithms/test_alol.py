@@ -14,8 +14,7 @@ import torch
 
 from streamrl.algorithms import PolicyLossParams, get_policy_loss, make_rl_loss_fn
 from streamrl.algorithms.alol import reference_value
-from streamrl.algorithms.stages import StageInputs, build_alol_stage, encode_logged
-from streamrl.algorithms.stages.sft import run_sft
+from streamrl.algorithms.stages import StageInputs, build_alol_stage, encode_logged, run_stage
 from streamrl.config import load_config
 from streamrl.core.types import Batch, Item
 from streamrl.engines.train.engine import TrainEngine
@@ -180,7 +179,7 @@ def test_a_short_alol_stage_trains_on_positive_advantages_only(tmp_path: Path):
         seen.append(batch.rewards.clone())
         return stage.prepare(batch)
 
-    run_sft(engine, stage.batches, 30, stage.loss_fn, lambda s, m: None, 0, prepare)
+    run_stage(engine, stage.batches, 30, stage.loss_fn, lambda s, m: None, 0, prepare)
     assert torch.cat(seen).eq(1.0).all()  # never a zero-reward (negative-advantage) row
     right_after, wrong_after = mean_logprob(1.0), mean_logprob(0.0)
     assert right_after > right_before + 1.0, (right_before, right_after)
