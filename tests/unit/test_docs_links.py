@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_readme_commands import readme_commands
 from tests.paths import ROOT
 
 DOCS = sorted(
@@ -97,6 +98,15 @@ def test_the_docs_speak_of_the_project_not_of_its_history(doc: Path) -> None:
         if pattern.search(line)
     ]
     assert not found, f"{rel(doc)}:\n" + "\n".join(found)
+
+
+def test_commands_md_documents_every_readme_command() -> None:
+    headings = set(re.findall(r"^## (.+)$", (ROOT / "docs/commands.md").read_text(), re.M))
+    for command in readme_commands():
+        words = [w for w in command.split() if not w.startswith("--")]  # train --resume: train
+        name = " ".join(words) if words[0] == "python" else "streamrl " + " ".join(words)
+        documented = any(name == h or name.startswith(h + " ") for h in headings)
+        assert documented, f"docs/commands.md has no section '## {name}'"
 
 
 def test_the_readme_fits_in_300_lines() -> None:
