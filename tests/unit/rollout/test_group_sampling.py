@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_inference_engine import tiny_llama
 
 from streamrl.config.schema import load_config
 from streamrl.core.types import GenerationRequest, SamplingParams
@@ -22,6 +21,7 @@ from streamrl.engines.inference.sampling import (
 )
 from streamrl.rollout.worker import group_draws, sampling_seed
 from streamrl.run.preflight import PreflightError, check_group_sampling
+from tests.unit.engines.test_inference_engine import tiny_llama
 
 G = 8
 PROMPT = [1, 2, 3]
