@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from streamrl.config.base import Section
+from streamrl.config.loading import RENAMED_KEYS, RENAMED_VALUES
 from streamrl.config.schema import Config
 
 REGENERATE = "streamrl config --reference > docs/config.md"
@@ -40,7 +41,27 @@ def config_reference() -> str:
         section = _section(field.annotation)
         if section is not None:
             parts += _section_parts(name, section, level=2)
-    return "\n".join(parts)
+    return "\n".join([*parts, _renamed()])
+
+
+def _renamed() -> str:
+    """The keys (and values) of earlier versions: a config that uses one is refused with
+    an error naming its new spelling."""
+    lines = [
+        "## Renamed keys\n",
+        "A config that uses a key (or value) of an earlier version is refused with one line",
+        "naming its new spelling.\n",
+        "| old key | now |",
+        "|---|---|",
+    ]
+    lines += [f"| `{old}` | {_cell(new)} |" for old, new in RENAMED_KEYS.items()]
+    lines += ["", "| key | old value | now |", "|---|---|---|"]
+    lines += [
+        f"| `{key}` | `{old}` | `{new}` |"
+        for key, values in RENAMED_VALUES.items()
+        for old, new in values.items()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _section(annotation: Any) -> type[Section] | None:

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from streamrl.cli.main import main
-from streamrl.config import Config, config_reference
+from streamrl.config import RENAMED_KEYS, Config, config_reference
 from streamrl.config.reference import REGENERATE, type_name
 from tests.paths import ROOT
 
@@ -71,3 +71,10 @@ def test_the_command_prints_the_reference(capsys) -> None:
 )
 def test_types_read_as_written(annotation: Any, shown: str) -> None:
     assert type_name(annotation) == shown
+
+
+def test_every_renamed_key_is_listed_with_its_new_name() -> None:
+    text = config_reference().split("## Renamed keys\n", 1)[1]
+    for old, new in RENAMED_KEYS.items():
+        assert f"| `{old}` | {new} |" in text, old
+    assert "| `algorithm.name` | `gae` | `ppo` |" in text
