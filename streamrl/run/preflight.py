@@ -30,7 +30,8 @@ from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
 from streamrl.rollout.rewards import CompositeReward, build_reward, reward_names, reward_options
-from streamrl.rollout.selection import UnknownKind, check_draws, check_sampler
+from streamrl.rollout.selection import SamplerContext, UnknownKind, check_draws, check_sampler
+from streamrl.run.assembly import episode_spec, sampler_context
 from streamrl.sources import (
     DATA_OPTIONS,
     TaskSource,
@@ -366,9 +367,9 @@ def check_selection(cfg: Config) -> None:
     _sampler_check(check_sampler, cfg)
 
 
-def _sampler_check(check: Callable[[Config], None], cfg: Config) -> None:
+def _sampler_check(check: Callable[[SamplerContext], None], cfg: Config) -> None:
     try:
-        check(cfg)
+        check(sampler_context(cfg))
     except UnknownKind as e:
         raise PreflightError(f"{source_of(cfg).where(e.key)}: {e}") from None
     except ValueError as e:
@@ -508,7 +509,7 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     reward = build_reward(cfg.reward)  # (a reward's set-up checks its options' values)
     try:
         # the episode the run will build (an agent's tools and parser are checked here)
-        episode = build_episode(cfg, lm.tokenizer, reward) if lm is not None else None
+        episode = build_episode(episode_spec(cfg), lm.tokenizer, reward) if lm is not None else None
         check_prompt_lengths(cfg, first, heldout, lm, episode)
         if output_dir:
             check_output_dir(cfg.run.output_dir)

@@ -54,6 +54,7 @@ from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.selection import build_sampler
+from streamrl.run.assembly import episode_spec, rollout_spec
 from streamrl.run.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from streamrl.run.lock import run_lock
 from streamrl.run.preflight import Inputs, preflight
@@ -107,7 +108,7 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         device=resolve_device(cfg.runtime.device),
         keep_freed_memory=cfg.runtime.keep_freed_memory,
-        batch_invariant=batch_invariant(cfg),
+        batch_invariant=batch_invariant(cfg.rollout, cfg.stream.max_staleness),
     )
     if cfg.train.compile:
         if is_policy(model):
@@ -249,7 +250,10 @@ class Session:
         self.model = model.to(self.device)
         self.summary["model_parameters"] = model.num_parameters()
         self.eval_episode = build_episode(
-            cfg, self.tokenizer, self.inputs.reward, max_new_tokens=cfg.eval.max_new_tokens
+            episode_spec(cfg),
+            self.tokenizer,
+            self.inputs.reward,
+            max_new_tokens=cfg.eval.max_new_tokens,
         )
         engine_model = copy.deepcopy(model).eval()  # taken before LoRA adapters are injected
         self.trainer = make_trainer(cfg, model)
@@ -367,7 +371,7 @@ class Session:
             cfg.seed,
             max_len=context_length(self.model),
             items=self.inputs.source.train_iter,
-            episode=lambda: build_episode(cfg, self.tokenizer, self.inputs.reward),
+            episode=lambda: build_episode(episode_spec(cfg), self.tokenizer, self.inputs.reward),
         )
         return STAGES[name](getattr(cfg, name), inputs)
 
@@ -439,7 +443,7 @@ class Session:
             trainer.load_checkpoint_state(ckpt.trainer)
             self.algo.load_state_dict(ckpt.algorithm)
             version, pool_state = ckpt.step, ckpt.state["pool"]
-        placement = plan_placement(cfg)
+        placement = plan_placement(cfg.runtime)
         weights = trainer.state_dict_for_inference()
         stream = SampleStream(
             cfg.train.items_per_step, cfg.stream.max_staleness, cfg.stream.max_inflight_items
@@ -466,11 +470,19 @@ class Session:
             from streamrl.stream.endpoint.pool import EndpointPool
 
             return EndpointPool(
-                cfg, engine_model, self.tokenizer, weights, version, stream, self.run.path,
+                cfg.endpoint, rollout_spec(cfg), engine_model, self.tokenizer, weights,
+                version, stream, self.run.path,
                 device=self.device, logger=self.run.log,
             )  # fmt: skip
         backend = make_backend(
-            cfg, placement, engine_model, self.tokenizer, weights, self.device, version
+            cfg.runtime,
+            rollout_spec(cfg),
+            placement,
+            engine_model,
+            self.tokenizer,
+            weights,
+            self.device,
+            version,
         )
         drawn = pool_state["drawn"] if pool_state else 0
         return RolloutPool(

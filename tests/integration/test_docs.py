@@ -13,6 +13,7 @@ import yaml
 
 from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
+from streamrl.run.assembly import rollout_spec
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
 from streamrl.stream.backends import RolloutPool, WorkerSpec
@@ -153,7 +154,7 @@ def test_task_source_example_runs_from_the_documented_command(
 def test_backend_example_serves_the_pool(doc) -> None:
     cfg = _cfg(Path("unused"))
     model, tokenizer = load_model_and_tokenizer("tiny-small", seed=0)
-    spec = WorkerSpec(cfg, model.config, tokenizer)
+    spec = WorkerSpec(rollout_spec(cfg), model.config, tokenizer)
     backend = doc["OneThreadBackend"](spec, model.state_dict())
     stream = SampleStream(items_per_batch=2, max_staleness=0)
     pool = RolloutPool(backend, stream, build_task_source("arithmetic").train_iter(0))

@@ -5,6 +5,7 @@ from streamrl.rollout.episodes import gym as gym  # registers "gym"
 from streamrl.rollout.episodes import single_turn as single_turn  # registers "single_turn"
 from streamrl.rollout.episodes.base import (
     Episode,
+    EpisodeSpec,
     PromptTooLong,
     build_episode,
     episode_kinds,
@@ -15,6 +16,7 @@ from streamrl.rollout.episodes.single_turn import SingleTurnEpisode, trajectory_
 
 __all__ = [
     "Episode",
+    "EpisodeSpec",
     "PromptTooLong",
     "SingleTurnEpisode",
     "build_episode",

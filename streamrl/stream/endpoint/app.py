@@ -51,10 +51,10 @@ def build_app(pool: EndpointPool) -> FastAPI:
     """The routes, over ``pool`` (sessions, admission, the engine)."""
     from streamrl.rollout.tools import get_tool_parser
 
-    cfg, tokenizer, e = pool.cfg, pool.tokenizer, pool.cfg.endpoint
+    tokenizer, e = pool.tokenizer, pool.endpoint
     parser = get_tool_parser(e.tool_parser)
-    model_name = cfg.model.name_or_path
-    defaults = sampling_params(cfg, tokenizer)
+    model_name = pool.spec.model.name_or_path
+    defaults = sampling_params(pool.spec.rollout, tokenizer)
     context = getattr(pool.engine, "max_seq_len", None)  # prompt + completion tokens
     limits = [e.max_prompt_tokens, context - 1 if context else None]
     max_prompt = min((x for x in limits if x is not None), default=None)
