@@ -5,7 +5,7 @@ every field is typed and documented where it is declared.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -78,6 +78,9 @@ class _OfflineStage(_Section):
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of linear/cosine decay, as a fraction."
     )
+    # no evaluation inside these stages (SFT's sft.eval_every, sft.stop_at_eval): not keys
+    eval_every: ClassVar[int] = 0
+    stop_at_eval: ClassVar[float | None] = None
 
 
 class DPOConfig(_OfflineStage):
