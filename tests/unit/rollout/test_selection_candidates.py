@@ -291,9 +291,9 @@ def test_decisions_made_ahead_expire_and_a_lost_workers_batch_is_kept() -> None:
     assert list(pool._spares) == [old, scoring] and pool._scoring[0] is None
     pool.versions[0] = 0
     assert len(stream.admit(0, 4)) == 4  # the stream is full: the worker is idle
-    pool.pause(engines=False)  # the trainer evaluates: no scoring ahead meanwhile
+    pool.work_ahead(False)  # the trainer evaluates: no scoring ahead meanwhile
     assert not pool._dispatch() and pool._scoring[0] is None
-    pool.resume(engines=False)
+    pool.work_ahead(True)
     assert pool._dispatch() and len(pool._scoring[0][1]) == 3 * 2 - 1  # 1 held already
     assert RolloutPool(GateBackend(), SampleStream(2, 0), _source(), candidates=budget,
                        score_ahead=3).score_ahead == 0  # η = 0: off  # fmt: skip
