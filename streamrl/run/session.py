@@ -32,7 +32,7 @@ import torch
 
 from streamrl.config.schema import Config
 from streamrl.core.atomic import replacing
-from streamrl.engines.factory import batch_invariant, is_policy, make_train_engine
+from streamrl.engines.factory import batch_invariant, make_train_engine
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
@@ -78,7 +78,8 @@ def resolve_device(name: str) -> str:
 
 def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
     """Full fine-tuning, or LoRA adapters when ``model.lora_rank > 0``; an environment
-    policy gets its own engine (minibatch epochs, no micro-batches)."""
+    policy gets its own engine (minibatch epochs, no micro-batches). Preflight checked the
+    settings (``train.compile`` and LoRA are a language model's)."""
     kwargs: dict[str, Any] = dict(
         weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.max_grad_norm,
@@ -88,8 +89,6 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
         batch_invariant=batch_invariant(cfg),
     )
     if cfg.train.compile:
-        if is_policy(model):
-            raise ValueError("train.compile applies to language models, not environment policies")
         kwargs["compile_layers"] = True
     if cfg.model.lora_rank > 0:
         return TrainEngine.from_lora(
