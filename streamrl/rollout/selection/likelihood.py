@@ -61,7 +61,7 @@ until the trainer consumes. Then the pool sends it fresh candidates to score ahe
 (:meth:`LikelihoodGate.score_ahead`); the accepted ones are held in draw order and issued
 before anything else, alone, and generated without scoring again, while their decision
 is at most ``score_ahead`` weight versions old (older ones become spares, scored again).
-Skipped ones are counted like any skip. Not during evaluations (:meth:`RolloutPool.pause`),
+Skipped ones are counted like any skip. Not during evaluations (:meth:`RolloutPool.work_ahead`),
 and not at η = 0, where what an idle worker gets to score would depend on timing.
 
 What it costs. The engine scores a forced continuation in the step that admits it (the
