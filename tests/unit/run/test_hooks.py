@@ -135,6 +135,23 @@ def test_placement_pins_the_trainer_and_follows_auto(monkeypatch) -> None:
     assert pinned[-1] == ((0, 1, 2, 3), 1)
 
 
+def test_placement_without_pinned_cores_only_sets_thread_counts(monkeypatch) -> None:
+    """The local backend (one process) pins nothing: the hook changes torch's thread
+    count only, every core's worth while time-shared, and one after the run."""
+    pinned: list = []
+    monkeypatch.setattr(placement_hook, "apply_placement", lambda cpus, n: pinned.append((cpus, n)))
+    monkeypatch.setattr(placement_hook, "available_cpus", lambda: [0, 1, 2])
+    plan = Placement(False, 1, 1, None, (None, None))
+    sharing, auto = Sharing(False), _Auto()
+    hook = CorePlacement(plan, sharing, auto, {})
+    hook.on_start()
+    for step in range(1, 3):
+        hook.after_step(step, {"time/step": 1.0, "time/wait_batch": 0.5, "time/update": 0.2})
+    hook.on_end()
+    assert pinned == [(None, 1), (None, 3), (None, 1)]
+    assert sharing.on is True
+
+
 # ------------------------------------------------------------------ evaluation
 
 
@@ -165,6 +182,14 @@ def test_evaluation_every_n_steps_and_at_phase_ends(shared: bool) -> None:
     if not shared:  # generation goes on; only work ahead waits
         quiet = [("work_ahead", False), ("work_ahead", True)]
     assert pool.calls == quiet * 3
+
+
+def test_no_evaluation_without_eval_every_or_a_phase_end() -> None:
+    pool, tags = FakePool(), []
+    hook = Evaluation(lambda tag: tags.append(tag) or {}, pool, Sharing(False), 0, 4, {}, {})
+    rows = [{"loss": 1.0} for _ in range(4)]
+    assert all(hook.after_step(s, r) is CONTINUE for s, r in enumerate(rows, 1))
+    assert tags == [] and pool.calls == [] and rows == [{"loss": 1.0}] * 4
 
 
 # ------------------------------------------------------------------ early ends
