@@ -30,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from streamrl.rollout.selection.posterior import pool_selection
+from streamrl.rollout.selection import GroupSampler, build_sampler
 from streamrl.sources.base import TaskSource
 from streamrl.stream.backends import make_backend
 from streamrl.stream.backends.placement import Placement
@@ -47,6 +47,7 @@ class Pool(Protocol):
     resumed_items: int  # items issued again after a resume
     publish_s: dict[int, float]  # version -> seconds the trainer spent publishing it
     sync_latency: dict[int, float]  # version -> seconds until every engine ran it
+    sampler: GroupSampler  # which items are issued: its counters (the plain one: none)
 
     # ---- lifecycle
     def start(self) -> None:
@@ -94,9 +95,6 @@ class Pool(Protocol):
     def total_engine_stats(self) -> dict[str, float]:
         """The engines' counters, summed."""
 
-    def selection_metrics(self) -> dict[str, float]:
-        """``selection/*`` counters of prompt selection (none without one)."""
-
 
 def make_pool(
     cfg: Any,
@@ -140,5 +138,5 @@ def make_pool(
         max_consecutive_failures=cfg.rollout.max_consecutive_failures,
         max_dropped_in_a_row=cfg.algorithm.max_dropped_in_a_row,
         logger=logger,
-        **pool_selection(cfg),
+        sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed),
     )

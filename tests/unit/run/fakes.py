@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.rollout.selection import GroupSampler
+
 
 class FakePool:
     """Implements :class:`~streamrl.stream.pools.Pool`; ``calls`` lists what was called."""
@@ -16,6 +18,7 @@ class FakePool:
         self.publish_s: dict[int, float] = {}
         self.sync_latency: dict[int, float] = {}
         self.until: Any = None  # drive_engines' stop condition, as given
+        self.sampler = GroupSampler()  # the plain sampler: no counters
 
     def _note(self, *call: Any) -> None:
         self.calls.append(call)
@@ -66,9 +69,6 @@ class FakePool:
         return {}
 
     def total_engine_stats(self) -> dict[str, float]:
-        return {}
-
-    def selection_metrics(self) -> dict[str, float]:
         return {}
 
 

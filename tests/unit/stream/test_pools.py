@@ -13,6 +13,7 @@ import pytest
 
 from streamrl.core.messages import Pause, Resume, StartItems
 from streamrl.models.tokenizer import build_char_tokenizer
+from streamrl.rollout.selection import GroupSampler
 from streamrl.stream.backends.base import Backend
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.pool import RolloutPool
@@ -48,7 +49,7 @@ def test_each_pool_implements_the_whole_interface(tmp_path: Path, kind: str) -> 
     for name in methods:
         assert callable(getattr(pool, name)), name
     for name in Pool.__annotations__:
-        assert isinstance(getattr(pool, name), int | dict), name
+        assert isinstance(getattr(pool, name), int | dict | GroupSampler), name
 
 
 class _Recording(ScriptedBackend, Backend):
