@@ -19,9 +19,9 @@ import os
 import sys
 
 from streamrl.cli import parser as parse
+from streamrl.config import ConfigError, load_config
 from streamrl.config.options import check_path_component
 from streamrl.config.plugins import import_plugins
-from streamrl.config.schema import ConfigError, load_config
 from streamrl.run.progress import Progress
 
 
@@ -211,10 +211,10 @@ def cmd_log_completions(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from streamrl.config.schema import config_reference, save_config
+    from streamrl.config import config_reference, save_config
 
     if args.reference:
-        print(config_reference())
+        print(config_reference(), end="")  # the text of docs/config.md
         return 0
     split_config_arg(args)
     save_config(load_config(args.config, args.overrides, args.imports), "/dev/stdout")

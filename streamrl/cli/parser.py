@@ -218,7 +218,9 @@ def add_config(sub: Subparsers, commands: dict[str, Command]) -> None:
     cf = sub.add_parser("config", help="print the resolved config, or the reference of all keys")
     cf.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     cf.add_argument("overrides", nargs="*", help="dotted overrides")
-    cf.add_argument("--reference", action="store_true", help="Markdown table of every key")
+    cf.add_argument(
+        "--reference", action="store_true", help="Markdown reference of every key (docs/config.md)"
+    )
     add_import_option(cf)
     cf.set_defaults(func=commands["config"])
 

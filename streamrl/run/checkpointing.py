@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from streamrl.algorithms import Algorithm
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.run.checkpoint import Checkpoint, rng_state, save_checkpoint
 from streamrl.run.signals import GracefulStop, Interrupted

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from streamrl.analysis.evaluate import EvalResult, evaluate_model
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.core.types import Item
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.core.atomic import replacing
 from streamrl.engines.factory import batch_invariant, make_train_engine
 from streamrl.engines.train.engine import TrainEngine

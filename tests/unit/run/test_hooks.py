@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import streamrl.run.hooks.placement as placement_hook
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.run.hooks import Decision, Hooks, StepHook
 from streamrl.run.hooks.checkpoints import Checkpoints
 from streamrl.run.hooks.evaluation import Evaluation, phase_ends
