@@ -232,6 +232,12 @@ def is_policy_dir(path: str | Path) -> bool:
     return config.is_file() and "streamrl_policy" in json.loads(config.read_text())
 
 
+def names_a_policy(name_or_path: str) -> bool:
+    """Whether ``model.name_or_path`` is an environment policy: a preset or a saved one."""
+    path = Path(name_or_path).expanduser()
+    return name_or_path in POLICY_PRESETS or (path.is_dir() and is_policy_dir(path))
+
+
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
     if not is_policy_dir(path):

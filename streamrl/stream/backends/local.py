@@ -21,10 +21,10 @@ from streamrl.core.messages import Command, Report, Stop
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.engines.threads import set_thread_torch_threads
 from streamrl.rollout.worker import Emit, RolloutWorker
-from streamrl.stream.backends.base import drain
+from streamrl.stream.backends.base import Backend, drain
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     name = "local"
     restartable = False
 
