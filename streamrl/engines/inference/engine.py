@@ -193,9 +193,14 @@ class LocalEngine(Drawing, StepEngine):
         self.packed = weights if pack_linears(model, weights, skip, self._packer) else ""
         if self.fast_path:
             self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
-                model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed,
-                compile_decode=compile_decode, batch_invariant=batch_invariant,
-            )  # fmt: skip
+                model,
+                decode_slots,
+                self.max_seq_len,
+                fuse=fuse,
+                packed=self.packed,
+                compile_decode=compile_decode,
+                batch_invariant=batch_invariant,
+            )
         else:
             self.runner = HFCacheRunner(model, decode_slots, self.max_seq_len)
         self._vocab = model.get_input_embeddings().num_embeddings  # valid token ids

@@ -463,9 +463,12 @@ class LlamaSlotRunner:
             return self.fused.forward(h[0], cos, sin, self.cache.attend)
         for layer in self.layers:  # the model's own layer modules
             h = layer(
-                h, attention_mask=None, position_ids=pos, position_embeddings=pe,
+                h,
+                attention_mask=None,
+                position_ids=pos,
+                position_embeddings=pe,
                 slot_cache=self.cache,
-            )  # fmt: skip
+            )
             if isinstance(h, tuple):  # older transformers return (hidden, ...)
                 h = h[0]
         return h[0]
