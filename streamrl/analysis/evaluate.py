@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from streamrl.core.engine import InferenceEngine
-from streamrl.core.types import Item, Segment, Trajectory
+from streamrl.core.sample import Sample
+from streamrl.core.types import Item
 from streamrl.engines.factory import make_inference_engine
 from streamrl.rollout.episodes import Episode
 from streamrl.rollout.rewards import describe_error
@@ -106,10 +107,10 @@ def _run_episodes(
     n: int,
     greedy: bool,
     seed: int,
-) -> list[Trajectory | BaseException | None]:
+) -> list[Sample | BaseException | None]:
     """``n`` episodes of every item, concurrently; a raised error is kept as the result."""
 
-    async def run_all() -> list[Trajectory | BaseException | None]:
+    async def run_all() -> list[Sample | BaseException | None]:
         coros = [
             episode(engine, item, eval_seed(seed, i, j), greedy=greedy)
             for i, item in enumerate(items)
@@ -128,7 +129,7 @@ class _GradedItem:
 
 
 def _grade_item(
-    item: Item, results: list[Trajectory | BaseException | None], correct_reward: str
+    item: Item, results: list[Sample | BaseException | None], correct_reward: str
 ) -> _GradedItem:
     """One item's samples graded: completions, correctness, lengths and errors, with a
     failed or rejected episode counted and recorded as incorrect."""
@@ -168,7 +169,7 @@ def _grade_item(
 def _eval_metrics(
     items: list[Item],
     outcomes: list[list[bool]],
-    results: list[Trajectory | BaseException | None],
+    results: list[Sample | BaseException | None],
     accuracy: float,
     n: int,
     ks: tuple[int, ...],
@@ -177,7 +178,8 @@ def _eval_metrics(
     episodes report their return's mean and std instead of an accuracy."""
     from streamrl.analysis.passk import summarize_outcomes
 
-    returns = [sum(r.episode_returns) for r in results if isinstance(r, Segment)]
+    finished = [r for r in results if r is not None and not isinstance(r, BaseException)]
+    returns = [sum(r.episode_returns) for r in finished if r.environment]
     metrics: dict[str, float] = {"accuracy": accuracy, "n_items": len(items), "n_samples": n}
     metrics.update(domain_accuracy(items, outcomes))
     if n > 1:

@@ -22,8 +22,8 @@ import torch
 from streamrl.algorithms import Algorithm, build_algorithm
 from streamrl.algorithms.stages.alol import positive_advantages
 from streamrl.algorithms.stages.base import encode_logged
+from streamrl.config import Config, RunContext, source_of
 from streamrl.config.options import OptionsError, validate_options
-from streamrl.config.schema import Config, source_of
 from streamrl.core.types import Item
 from streamrl.models.loading import check_model_source, load_tokenizer
 from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
@@ -484,7 +484,7 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     check_reward_options(cfg)
     check_model_options(cfg)
     try:
-        algorithm = build_algorithm(cfg)
+        algorithm = build_algorithm(cfg.algorithm, RunContext.of(cfg))
     except (KeyError, ValueError) as e:
         raise PreflightError(str(e).strip("'\"")) from None
     try:

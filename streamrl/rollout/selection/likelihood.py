@@ -163,11 +163,11 @@ class LikelihoodSampler(GroupSampler):
                 "success rate; set rollout.ignore_eos=false or selection.kind=none"
             )
         if cfg.selection.acceptance == "importance" and not issubclass(
-            algorithm_class(cfg.algorithm.advantage), PolicyGradient
+            algorithm_class(cfg.algorithm.name), PolicyGradient
         ):
             raise ValueError(
                 "selection.acceptance=importance weights the advantages of a policy-gradient "
-                f"update, but algorithm.advantage={cfg.algorithm.advantage} is not one"
+                f"update, but algorithm.name={cfg.algorithm.name} is not one"
             )
         if r.engine == "vllm" and not is_raw(r.temperature, r.top_k, r.top_p):
             raise ValueError(
