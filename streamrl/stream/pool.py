@@ -276,10 +276,8 @@ class RolloutPool(PoolBooks):
                     continue
                 if msg.detail:  # a failure is an error; a filtered item only says why
                     level = logging.ERROR if msg.outcome == "failed" else logging.DEBUG
-                    self.log.log(
-                        level, "item %d %s (%s): %s", msg.item_index, msg.outcome, msg.reason,
-                        msg.detail,
-                    )  # fmt: skip
+                    what = (msg.item_index, msg.outcome, msg.reason, msg.detail)
+                    self.log.log(level, "item %d %s (%s): %s", *what)
                 self._items.pop(msg.item_index, None)
                 self.stream.reject(msg.item_index, msg.outcome, msg.reason)
             else:
