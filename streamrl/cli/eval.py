@@ -48,10 +48,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
             "run did not finish): nothing to evaluate"
         )
     source = build_task_source(cfg.data.kind, **cfg.data.options)
-    spaces = getattr(source, "observation_space", None), getattr(source, "action_space", None)
-    model, tokenizer = load_model(
-        model_path, gguf_file=cfg.model.gguf_file, spaces=spaces if spaces[0] else None
-    )
+    model, tokenizer = load_model(model_path, gguf_file=cfg.model.gguf_file, spaces=source.spaces())
     if args.split == "heldout":  # for an environment: --n ignored, each item is an episode
         items = source.heldout(cfg.eval.heldout_size)
     else:  # a prompt file: every row is evaluated
