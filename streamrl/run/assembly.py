@@ -10,7 +10,7 @@ parameter's path runs one way: from the run, down to the component.
 from __future__ import annotations
 
 from streamrl.config import Config, RunContext
-from streamrl.models.policies import POLICY_PRESETS
+from streamrl.models.policies import names_a_policy
 from streamrl.rollout.episodes import EpisodeSpec
 from streamrl.rollout.selection import SamplerContext
 from streamrl.rollout.spec import RolloutSpec
@@ -40,6 +40,12 @@ def sampler_context(cfg: Config) -> SamplerContext:
         selection=cfg.selection,
         rollout=cfg.rollout,
         algorithm=cfg.algorithm.name,
-        policy=cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS,
+        policy=policy_run(cfg),
         endpoint=cfg.endpoint.enabled,
     )
+
+
+def policy_run(cfg: Config) -> bool:
+    """Whether the run trains an environment policy (a gym episode, or a policy preset or
+    saved policy as the model), not a language model."""
+    return cfg.rollout.episode == "gym" or names_a_policy(cfg.model.name_or_path)

@@ -26,12 +26,12 @@ from streamrl.config import Config, RunContext, source_of
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.core.types import Item
 from streamrl.models.loading import check_model_source, load_tokenizer
-from streamrl.models.policies import POLICY_PRESETS, PolicyOptions, names_a_policy
+from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
 from streamrl.rollout.rewards import CompositeReward, build_reward, reward_names, reward_options
 from streamrl.rollout.selection import SamplerContext, UnknownKind, check_draws, check_sampler
-from streamrl.run.assembly import episode_spec, sampler_context
+from streamrl.run.assembly import episode_spec, policy_run, sampler_context
 from streamrl.sources import (
     DATA_OPTIONS,
     TaskSource,
@@ -59,12 +59,6 @@ class Inputs:
     heldout: list[Item]
     algorithm: Algorithm
     sandbox: str = "unused"  # the python tool's isolation level (check_sandbox)
-
-
-def policy_run(cfg: Config) -> bool:
-    """Whether the run trains an environment policy (a gym episode, or a policy preset or
-    saved policy as the model), not a language model."""
-    return cfg.rollout.episode == "gym" or names_a_policy(cfg.model.name_or_path)
 
 
 def check_reward_options(cfg: Config) -> None:

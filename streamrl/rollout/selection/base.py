@@ -82,7 +82,7 @@ class SamplerContext:
     """algorithm.name."""
     policy: bool
     """The samples come from an environment policy (``rollout.episode: gym``, or a
-    policy preset as ``model.name_or_path``), not a language model."""
+    policy preset or saved policy as ``model.name_or_path``), not a language model."""
     endpoint: bool
     """endpoint.enabled: external agents bring their own prompts and requests."""
 

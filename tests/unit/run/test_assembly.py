@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -48,16 +49,17 @@ def test_an_episode_factory_gets_the_episode_spec(monkeypatch: pytest.MonkeyPatc
     assert sampling.max_new_tokens == 2 and sampling.stop_token_ids == []  # no tokenizer
 
 
-@pytest.mark.parametrize(
-    ("overrides", "policy"),
-    [
-        ([], False),
-        (["rollout.episode=gym"], True),
-        (["model.name_or_path=mlp"], True),
-    ],
-)
-def test_the_sampler_context_names_a_policy_run(overrides: list[str], policy: bool) -> None:
+@pytest.mark.parametrize("model", ["tiny-small", "mlp", "saved"])
+@pytest.mark.parametrize("episode", ["single_turn", "gym"])
+def test_the_sampler_context_names_a_policy_run(tmp_path, model: str, episode: str) -> None:
+    """A policy run: a gym episode, or a policy preset or saved policy as the model; its
+    draws cannot be stratified (the rule's own check refuses it, naming why)."""
+    if model == "saved":  # a directory saved by a policy run
+        (tmp_path / "config.json").write_text(json.dumps({"streamrl_policy": {}}))
+        model = str(tmp_path)
+    overrides = [f"model.name_or_path={model}", f"rollout.episode={episode}"]
     run = sampler_context(load_config(None, overrides))
+    policy = model != "tiny-small" or episode == "gym"
     assert run.policy is policy and run.endpoint is False and run.algorithm == "grpo"
     stratified = sampler_context(
         load_config(None, [*overrides, "rollout.group_sampling=stratified"])
