@@ -22,7 +22,7 @@ import torch
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import Item, Segment, Trajectory
 from streamrl.engines.factory import make_inference_engine
-from streamrl.rollout.episodes import Episode
+from streamrl.rollout.episodes import Episode, episode_output
 from streamrl.rollout.rewards import describe_error
 from streamrl.sources import item_correct_reward, item_domain
 
@@ -101,6 +101,9 @@ def evaluate(
         judge = item_correct_reward(item, correct_reward)
         completions, correct, errors, lengths = [], [], [], []
         for res in results[i * n : (i + 1) * n]:
+            if not isinstance(res, BaseException) and res is not None:
+                out = episode_output(res)  # a seat against a fixed opponent: one trajectory
+                res = out.trajectories[0] if out.trajectories else RuntimeError(out.error)
             if isinstance(res, BaseException) or res is None:
                 episode_failures += 1
                 completions.append(None)

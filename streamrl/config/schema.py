@@ -18,6 +18,8 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 
 # sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
+from streamrl.config.credit import CreditConfig
+from streamrl.config.env import EnvConfig
 from streamrl.config.options import check_path_component
 from streamrl.config.plugins import PluginError, check_module_name, import_plugins
 from streamrl.config.reading import ConfigSource, YamlDoc, YamlError, keep_raw_strings, read_yaml
@@ -400,7 +402,9 @@ class Config(_Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    credit: CreditConfig = Field(default_factory=CreditConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)

@@ -14,6 +14,7 @@ longtail       :class:`LongTailTaskSource`                  long_fraction, long_
 tool_arithmetic :class:`ToolArithmeticTaskSource`           tool_fraction, tool_format, ...
 mixture        :class:`MixtureTaskSource`                   sources: [{name, kind, ...}]
 minari         :class:`MinariTaskSource`                    dataset_id, batch_transitions, ...
+textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -35,6 +36,7 @@ from streamrl.sources.longtail import LongTailTaskSource
 from streamrl.sources.minari import MinariTaskSource
 from streamrl.sources.mixture import MixtureTaskSource, item_correct_reward, item_domain
 from streamrl.sources.reasoning_gym import ReasoningGymTaskSource
+from streamrl.sources.textarena import TextArenaTaskSource
 from streamrl.sources.tool_arithmetic import ToolArithmeticTaskSource
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "ParquetTaskSource",
     "ReasoningGymTaskSource",
     "TaskSource",
+    "TextArenaTaskSource",
     "ToolArithmeticTaskSource",
     "build_task_source",
     "make_task_source",
@@ -74,6 +77,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "minari": MinariTaskSource,
     "tool_arithmetic": ToolArithmeticTaskSource,
     "mixture": MixtureTaskSource,
+    "textarena": TextArenaTaskSource,
 }
 
 
