@@ -59,6 +59,13 @@ class RoleConditioned(PolicyGradient):
         super().__init__(cfg)
         self.baselines: dict[str, float] = {}
 
+    def finish_group(
+        self, samples: list[Trajectory], extras: dict[str, Trajectory]
+    ) -> list[Trajectory]:
+        """Every group is kept: a group whose rewards are all equal still has advantages
+        against its roles' baselines (dynamic sampling is for group-relative estimators)."""
+        return samples
+
     def advantages(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor:
         keys = [str(t.metadata.get(ROLE_KEY, "")) for t in trajectories]
         names = sorted(set(self.baselines) | set(keys))

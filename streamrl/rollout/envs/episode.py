@@ -95,7 +95,7 @@ class Seat:
             self.pending += reward
 
 
-@dataclass
+@dataclass(repr=False)  # (a tokenizer's repr is its vocabulary: slow to print)
 class EnvEpisode:
     """See the module docstring."""
 
@@ -234,7 +234,7 @@ class EnvEpisode:
         return out.trajectories[stable_hash(item.id) % len(out.trajectories)]
 
 
-@dataclass
+@dataclass(repr=False)
 class _Players:
     """The turn loop of one episode: who acts, what they see, where rewards go."""
 

@@ -4,7 +4,7 @@ A seat's observation is the messages TextArena has for it since its last turn, o
 types ``observe`` keeps, one user message: the game's own lines as they are, another
 player's raw move as ``[Player k] move``. A seat's own moves are left out (they are
 already its assistant turns). The legal actions are the quoted bracketed moves the game
-lists (``'[check]', '[bet]'``). Rewards come at the end: each player's outcome (+1 won,
+lists (``'[check]', '[bet]'``), whether or not the seat sees that message. Rewards come at the end: each player's outcome (+1 won,
 -1 lost, 0 drawn). Every call runs on a thread with the game's own random state
 (:func:`streamrl.sources.textarena.isolated_random`).
 """
@@ -47,13 +47,15 @@ class TextArenaEnv:
 
     def _observe(self) -> Observation:
         seat, messages = self._call(self.game.get_observation)
+        others = [(sender, text, kind) for sender, text, kind in messages if sender != seat]
         texts = [
             text if sender < 0 else f"[Player {sender}] {text}"
-            for sender, text, kind in messages
-            if kind.name.lower() in self.observe and sender != seat
+            for sender, text, kind in others
+            if kind.name.lower() in self.observe
         ]
         content = "\n".join(texts)
-        return Observation([{"role": "user", "content": content}], int(seat), legal_actions(texts))
+        legal = legal_actions([text for _, text, _ in others])  # (listed, seen or not)
+        return Observation([{"role": "user", "content": content}], int(seat), legal)
 
     async def reset(self, seed: int) -> Observation:
         await in_thread(self._call, self.game.reset, num_players=self.seats, seed=seed)

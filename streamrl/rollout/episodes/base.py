@@ -58,6 +58,9 @@ class Trajectories:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
+    def __repr__(self) -> str:  # (asyncio formats finished tasks' results: keep it short)
+        return f"Trajectories({len(self.trajectories)} trajectories, error={self.error!r})"
+
 
 def episode_output(result: Any) -> Trajectories:
     """An episode's result as :class:`Trajectories` (one sample: a list of one)."""
