@@ -15,6 +15,7 @@ tool_arithmetic :class:`ToolArithmeticTaskSource`           tool_fraction, tool_
 mixture        :class:`MixtureTaskSource`                   sources: [{name, kind, ...}]
 minari         :class:`MinariTaskSource`                    dataset_id, batch_transitions, ...
 textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
+verifiers      :class:`VerifiersTaskSource`                 load, args, demonstration, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -38,6 +39,7 @@ from streamrl.sources.mixture import MixtureTaskSource, item_correct_reward, ite
 from streamrl.sources.reasoning_gym import ReasoningGymTaskSource
 from streamrl.sources.textarena import TextArenaTaskSource
 from streamrl.sources.tool_arithmetic import ToolArithmeticTaskSource
+from streamrl.sources.verifiers import VerifiersTaskSource
 
 __all__ = [
     "DATA_OPTIONS",
@@ -55,6 +57,7 @@ __all__ = [
     "TaskSource",
     "TextArenaTaskSource",
     "ToolArithmeticTaskSource",
+    "VerifiersTaskSource",
     "build_task_source",
     "make_task_source",
     "task_source_options",
@@ -78,6 +81,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "tool_arithmetic": ToolArithmeticTaskSource,
     "mixture": MixtureTaskSource,
     "textarena": TextArenaTaskSource,
+    "verifiers": VerifiersTaskSource,
 }
 
 

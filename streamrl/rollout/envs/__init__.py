@@ -7,6 +7,8 @@ them token in, token out (``episode.py``, ``rollout.episode: env``), scripted op
 from streamrl.rollout.envs import episode as episode  # registers rollout.episode "env"
 from streamrl.rollout.envs import rewards as rewards  # registers env_return, env_win
 from streamrl.rollout.envs import textarena as textarena  # registers env kind "textarena"
+from streamrl.rollout.envs import verifiers as verifiers  # registers env kind "verifiers"
+from streamrl.rollout.envs import vf_arithmetic as vf_arithmetic  # arithmetic_teacher
 from streamrl.rollout.envs.base import (
     Action,
     EnvError,
