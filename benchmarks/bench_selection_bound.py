@@ -50,14 +50,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest, SamplingParams
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import sampling_params
 from streamrl.rollout.rewards import build_reward
-from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.rollout.selection.gate import LikelihoodGate
 from streamrl.sources import build_task_source
 
 KEEP = (1.0, 0.8, 0.5, 0.3, 0.2)

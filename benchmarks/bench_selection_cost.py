@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt, reference_ids
 from streamrl.rollout.episodes import sampling_params
-from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.rollout.selection.gate import LikelihoodGate
 from streamrl.sources import build_task_source
 
 

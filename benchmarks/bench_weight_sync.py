@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.sources import build_task_source
 from streamrl.stream.backends import RolloutPool, make_backend, plan_placement

@@ -10,7 +10,7 @@ advantage against its own role's baseline::
     A       =  R - b[role]                             (with the baseline just updated)
 
 Baselines start at 0 and are part of the algorithm's checkpointed state, so a resumed
-run continues them exactly. ``algorithm.advantage: rae``; ``credit.role_decay`` is the
+run continues them exactly. ``algorithm.name: rae``; ``algorithm.rae.decay`` is the
 decay. A trajectory's role is its ``role_key`` (``streamrl.core.turns``), e.g.
 ``KuhnPoker-v0/seat_1``.
 """
@@ -24,6 +24,7 @@ import torch
 from streamrl.algorithms.base import register_algorithm
 from streamrl.algorithms.policy_gradient import PolicyGradient
 from streamrl.algorithms.registry import register_advantage
+from streamrl.config import AlgorithmConfig, RunContext
 from streamrl.core.turns import ROLE_KEY
 from streamrl.core.types import Batch, Trajectory
 
@@ -55,8 +56,8 @@ def rae(
 class RoleConditioned(PolicyGradient):
     """Policy gradient with RAE's per-role baselines (kept across steps, checkpointed)."""
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
+        super().__init__(cfg, run)
         self.baselines: dict[str, float] = {}
 
     def finish_group(
@@ -76,7 +77,7 @@ class RoleConditioned(PolicyGradient):
             batch.item_index,
             roles=roles,
             baselines=before,
-            decay=self.cfg.credit.role_decay,
+            decay=self.cfg.rae.decay,
         )
         self.baselines = dict(zip(names, after.tolist(), strict=True))
         return adv

@@ -15,8 +15,8 @@ form a group):
   normalised within that state's group. A state seen once adds nothing.
 
 :func:`spread_over_turns` gives every token of a turn its turn's advantage. The
-Algorithm (``algorithm.advantage: turn_discounted | gigpo``) reads the turns from the
-trajectories' metadata and ``credit.*`` for gamma and the step weight.
+Algorithm (``algorithm.name: turn_discounted | gigpo``) reads the turns from the
+trajectories' metadata and ``algorithm.turn.*`` for gamma and the step weight.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from streamrl.algorithms.advantages import group_stats, grpo
 from streamrl.algorithms.base import register_algorithm
-from streamrl.algorithms.policy_gradient import PolicyGradient, selection_weights
+from streamrl.algorithms.policy_gradient import PolicyGradient, sample_weights
 from streamrl.algorithms.registry import register_advantage
 from streamrl.core.turns import TURN_KEYS, TURN_REWARDS, TURN_SPANS
 from streamrl.core.types import Batch, Trajectory
@@ -146,12 +146,12 @@ def turn_tensors(
 
 @register_algorithm("turn_discounted")
 class TurnCredit(PolicyGradient):
-    """Policy gradient with per-turn advantages (``turn_discounted``); ``credit.gamma``
-    discounts across turns."""
+    """Policy gradient with per-turn advantages (``turn_discounted``);
+    ``algorithm.turn.gamma`` discounts across turns."""
 
     def turn_options(self, states: torch.Tensor) -> dict[str, Any]:
         """The estimator's options beyond the turn rewards and mask."""
-        return {"gamma": self.cfg.credit.gamma}
+        return {"gamma": self.cfg.turn.gamma}
 
     def token_advantages(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor:
         rewards, mask, index, states = turn_tensors(trajectories, batch.input_ids.shape[1])
@@ -162,17 +162,17 @@ class TurnCredit(PolicyGradient):
             turn_mask=mask,
             **self.turn_options(states),
         )  # (N, K)
-        tokens = spread_over_turns(adv, index) * selection_weights(trajectories)[:, None]
+        tokens = spread_over_turns(adv, index) * sample_weights(trajectories)[:, None]
         return torch.where(batch.loss_mask, tokens, 0.0)
 
 
 @register_algorithm("gigpo")
 class GiGPO(TurnCredit):
-    """GiGPO: ``credit.step_weight`` weighs the step-level term of anchor states."""
+    """GiGPO: ``algorithm.turn.step_weight`` weighs the step-level term of anchor states."""
 
     def turn_options(self, states: torch.Tensor) -> dict[str, Any]:
         return {
             **super().turn_options(states),
             "turn_states": states,
-            "step_weight": self.cfg.credit.step_weight,
+            "step_weight": self.cfg.turn.step_weight,
         }

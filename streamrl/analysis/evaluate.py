@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from streamrl.core.engine import InferenceEngine
-from streamrl.core.types import Item, Segment, Trajectory
+from streamrl.core.sample import Sample
+from streamrl.core.types import Item
 from streamrl.engines.factory import make_inference_engine
 from streamrl.rollout.episodes import Episode, episode_output
 from streamrl.rollout.rewards import describe_error
@@ -85,7 +86,7 @@ def evaluate(
         if item.index < 0:
             item.index = i
 
-    async def run_all() -> list[Trajectory | BaseException | None]:
+    async def run_all() -> list[Sample | BaseException | None]:
         coros = [
             episode(engine, item, eval_seed(seed, i, j), greedy=greedy)
             for i, item in enumerate(items)
@@ -133,7 +134,8 @@ def evaluate(
             record["domain"] = domain
         per_item.append(record)
     accuracy = sum(o[0] for o in outcomes) / max(len(outcomes), 1)
-    returns = [sum(r.episode_returns) for r in results if isinstance(r, Segment)]
+    finished = [r for r in results if r is not None and not isinstance(r, BaseException)]
+    returns = [sum(r.episode_returns) for r in finished if r.environment]
     metrics: dict[str, float] = {"accuracy": accuracy, "n_items": len(items), "n_samples": n}
     metrics.update(domain_accuracy(items, outcomes))
     if n > 1:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from streamrl.analysis.evaluate import evaluate_model
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.atomic import distinct_paths
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode

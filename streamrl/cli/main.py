@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Any
 
+from streamrl.config import ConfigError, load_config
 from streamrl.config.options import check_path_component
 from streamrl.config.plugins import import_plugins
-from streamrl.config.schema import ConfigError, load_config
 from streamrl.run.progress import Progress
 
 
@@ -237,10 +237,10 @@ def cmd_log_completions(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from streamrl.config.schema import config_reference, save_config
+    from streamrl.config import config_reference, save_config
 
     if args.reference:
-        print(config_reference())
+        print(config_reference(), end="")  # the text of docs/config.md
         return 0
     split_config_arg(args)
     save_config(load_config(args.config, args.overrides, args.imports), "/dev/stdout")
@@ -406,7 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     cf = sub.add_parser("config", help="print the resolved config, or the reference of all keys")
     cf.add_argument("config", nargs="?", help="YAML config (default: built-in defaults)")
     cf.add_argument("overrides", nargs="*", help="dotted overrides")
-    cf.add_argument("--reference", action="store_true", help="Markdown table of every key")
+    cf.add_argument(
+        "--reference", action="store_true", help="Markdown reference of every key (docs/config.md)"
+    )
     add_import_option(cf)
     cf.set_defaults(func=cmd_config)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class EnvConfig(_Section):
+class EnvConfig(Section):
     max_turns: int = Field(
         32,
         ge=1,

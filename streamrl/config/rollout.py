@@ -7,16 +7,16 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class VLLMOptions(_Section):
+class VLLMOptions(Section):
     """vLLM's own engine arguments (``rollout.engine: vllm``); streamrl sets the rest."""
 
     dtype: str = Field(
         "bfloat16",
         description="vLLM's weights and activations (the trainer keeps model.dtype; the gap "
-        "shows in mismatch/*, see algorithm.is_correction).",
+        "shows in mismatch/*, see algorithm.correction.kind).",
     )
     gpu_memory_utilization: float = Field(
         0.5,
@@ -37,16 +37,17 @@ class VLLMOptions(_Section):
     )
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     episode: str = Field(
         "single_turn",
         description="Registered episode kind: how one item is rolled out "
         "(training and evaluation alike).",
     )
     group_size: int = Field(8, ge=1, description="Completions sampled per prompt (GRPO group).")
-    group_sampling: Literal["independent", "stratified"] = Field(
+    group_sampling: str = Field(
         "independent",
-        description="How a group's samples draw their tokens. 'stratified': the members "
+        description="Registered draw rule: how a group's samples draw their tokens. "
+        "'independent': a seed per sample. 'stratified': the members "
         "that share a context (the prompt, then each common prefix) share its uniforms, "
         "member j of G shifted by j/G, and draw independently once their contexts differ. "
         "Each sample is still an exact draw from the policy, but a shared context's draws "
@@ -93,7 +94,7 @@ class RolloutConfig(_Section):
         "~1e-6 of MKL's: SmolLM2's linear layers ~1.8x faster at 16 rows on AVX2 (tiny "
         "models: slower). "
         "The trainer and evaluation stay fp32; the gap shows in mismatch/* "
-        "(see algorithm.is_correction).",
+        "(see algorithm.correction.kind).",
     )
     compile: bool = Field(
         False,
@@ -129,7 +130,7 @@ class RolloutConfig(_Section):
     )
 
 
-class AgentConfig(_Section):
+class AgentConfig(Section):
     """Multi-turn, tool-using episodes (``rollout.episode: agent``)."""
 
     tools: list[str] = Field(

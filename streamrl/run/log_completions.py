@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, load_config
 from streamrl.core.atomic import distinct_paths, replacing
 from streamrl.core.types import Item, Trajectory
 from streamrl.engines.factory import make_inference_engine

@@ -37,18 +37,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.algorithms import sft_loss
-from streamrl.algorithms.stages import OFFLINE_STAGES, PRE_RL_STAGES, StageData, context_length
-from streamrl.algorithms.stages.sft import run_sft, sft_batches
+from streamrl.algorithms.stages import (
+    PRE_RL_STAGES,
+    STAGES,
+    StageData,
+    StageInputs,
+    context_length,
+    run_stage,
+)
 from streamrl.analysis.evaluate import EvalResult, evaluate_model
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.core.atomic import replacing
 from streamrl.core.timing import StageTimer
 from streamrl.engines.factory import batch_invariant, is_policy, make_train_engine
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
-from streamrl.rollout.selection.posterior import pool_selection
+from streamrl.rollout.selection import build_sampler
 from streamrl.run.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from streamrl.run.lock import run_lock
 from streamrl.run.preflight import Inputs, preflight
@@ -356,20 +361,15 @@ class Session:
     def stage_data(self, name: str) -> StageData:
         """The batches, loss and extra models of pre-RL stage ``name``."""
         cfg = self.cfg
-        if name != "sft":
-            return OFFLINE_STAGES[name](
-                cfg, self.tokenizer, self.trainer, context_length(self.model)
-            )
-        episode = build_episode(cfg, self.tokenizer, self.inputs.reward)
-        batches = sft_batches(
+        inputs = StageInputs(
             self.tokenizer,
-            self.inputs.source.train_iter(cfg.seed + 1),
-            cfg.sft.examples_per_step,
-            cfg.sft.corrupt_fraction,
+            self.trainer,
             cfg.seed,
-            replay=getattr(episode, "replay", None),  # multi-turn teacher traces
+            max_len=context_length(self.model),
+            items=self.inputs.source.train_iter,
+            episode=lambda: build_episode(cfg, self.tokenizer, self.inputs.reward),
         )
-        return StageData(batches, sft_loss)
+        return STAGES[name](getattr(cfg, name), inputs)
 
     def train_stage(self, name: str, ckpt: Checkpoint | None) -> None:
         """``cfg.<name>.steps`` optimizer steps of a pre-RL stage (SFT on the task's
@@ -413,7 +413,7 @@ class Session:
 
         timer = StageTimer()
         with timer(name):
-            done, last = run_sft(
+            done, last = run_stage(
                 trainer, stage.batches, section.steps, stage.loss_fn, on_step, start, stage.prepare
             )
         seconds = timer.seconds[f"time/{name}"]
@@ -482,7 +482,7 @@ class Session:
             max_consecutive_failures=cfg.rollout.max_consecutive_failures,
             max_dropped_in_a_row=cfg.algorithm.max_dropped_in_a_row,
             logger=self.run.log,
-            **pool_selection(cfg),
+            sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed),
         )
 
     def rl_loop(

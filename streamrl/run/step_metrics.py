@@ -3,8 +3,8 @@
 A row of ``metrics.jsonl`` holds: the trainer's loss diagnostics; the batch's
 reward, accuracy and response length; staleness (min/mean/max and the count of
 groups at each lag); tokens carried across weight updates; stage times
-``time/*``; the stream's accounting ``stream/*``; prompt selection's ``selection/*``
-(items skipped before issue); the rollout side's mean reward
+``time/*``; the stream's accounting ``stream/*``; the group sampler's own counters
+and its metrics of the batch; the rollout side's mean reward
 over every scored sample and summed per-episode counters; weight publish and
 sync times; and throughput.
 """
@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from streamrl.analysis.evaluate import is_correct
-from streamrl.core.transitions import Transitions
-from streamrl.core.types import WEIGHT_KEY, Batch, Segment
+from streamrl.core.sample import Sample
+from streamrl.core.types import Batch
 from streamrl.sources import item_correct_reward, item_domain
 from streamrl.stream.books import PoolBooks
 from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, staleness_metrics
@@ -47,14 +47,15 @@ class StepMetrics:
         self.waited += timings.get("time/wait_batch", 0.0)
         elapsed = max(time.time() - self.t_start, 1e-9)
         m: dict[str, Any] = dict(train_metrics)
-        if isinstance(trajectories[0], (Segment, Transitions)):
+        if trajectories[0].environment:
             m.update(self._segments(trajectories, elapsed))
         else:
             m.update(self._tokens(trajectories, groups, batch, elapsed, stream))
         m.update(staleness_metrics(groups, step - 1))  # the version that consumed the batch
         m.update(timings)
         m.update(stream.stats.as_metrics())
-        m.update(pool.selection_metrics())
+        m.update(pool.sampler.metrics())
+        m.update(pool.sampler.batch_metrics(trajectories))
         m.update(pool.pop_rollout_stats())
         engines = pool.total_engine_stats()
         m["rollout/engine_steps"] = float(sum(v for k, v in engines.items() if k in ENGINE_WORK))
@@ -66,23 +67,23 @@ class StepMetrics:
             m["time/weight_sync_latency"] = pool.sync_latency[step - 1]
         return m
 
-    def _segments(self, segments: list[Segment | Transitions], elapsed: float) -> dict[str, float]:
+    def _segments(self, segments: list[Sample], elapsed: float) -> dict[str, float]:
         """Environment steps: the episodes that ended in the batch, and throughput; with
         logged data (offline RL), its transitions and their share of the batch."""
-        logged = [s for s in segments if isinstance(s, Transitions) and s.logged]
-        played = [s for s in segments if not (isinstance(s, Transitions) and s.logged)]
+        logged = [s for s in segments if s.logged]
+        played = [s for s in segments if not s.logged]
         steps = sum(s.num_generated for s in played)
         self.tokens += steps  # environment steps, for a run's totals
         returns = [r for s in played for r in s.episode_returns]
         lengths = [n for s in played for n in s.episode_lengths]
         m: dict[str, float] = {}
         if logged:
-            n_logged = sum(s.size for s in logged)
+            n_logged = sum(s.step_rewards()[0] for s in logged)
             m["offline/transitions"] = float(n_logged)
             m["offline/fraction"] = n_logged / (n_logged + steps)
-            m["offline/reward_mean"] = sum(float(s.rewards.sum()) for s in logged) / n_logged
+            m["offline/reward_mean"] = sum(s.step_rewards()[1] for s in logged) / n_logged
         m |= {
-            "reward_mean": sum(float(s.rewards.sum()) for s in played) / max(steps, 1),
+            "reward_mean": sum(s.step_rewards()[1] for s in played) / max(steps, 1),
             "env_steps": float(steps),
             "env_steps_total": float(self.tokens),
             "env_steps_per_s": self.tokens / elapsed,
@@ -117,10 +118,6 @@ class StepMetrics:
         m.update({f"accuracy/{d}": sum(v) / len(v) for d, v in by_domain.items()})
         m.update(carried)
         m["rollout/carried_tokens_total"] = self.carried
-        weights = [float(t.metadata[WEIGHT_KEY]) for t in trajectories if WEIGHT_KEY in t.metadata]
-        if weights:  # selection.acceptance=importance: before the batch's normalisation
-            m["selection/weight_mean"] = sum(weights) / len(weights)
-            m["selection/weight_max"] = max(weights)
         m["tokens_per_s"] = self.tokens / elapsed
         m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
         return m
@@ -156,7 +153,7 @@ class StepMetrics:
             "rl_wait_batch_s": self.waited,
             "engine": pool.total_engine_stats(),
             **stream.stats.as_metrics(),
-            **pool.selection_metrics(),
+            **pool.sampler.metrics(),
         }
         for key, values in (
             ("weight_sync_latency_s_mean", list(pool.sync_latency.values())),

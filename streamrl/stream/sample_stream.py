@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from streamrl.core.types import Trajectory
+from streamrl.core.sample import Sample
 
 
 class StreamClosed(RuntimeError):
@@ -54,11 +54,11 @@ class StreamClosed(RuntimeError):
 
 @dataclass
 class Group:
-    """The finished trajectories of one item."""
+    """The finished samples of one item (trajectories, segments or transitions)."""
 
     item_index: int
     admit_version: int
-    trajectories: list[Trajectory]
+    trajectories: list[Sample]
 
     @property
     def min_version(self) -> int:

@@ -41,7 +41,7 @@ def test_self_play_on_kuhn_poker_trains_both_seats(tmp_path: Path) -> None:
         "data.options={env_id: KuhnPoker-v0, env_options: {max_rounds: 1}, "
         "observe: [game_message, game_board], heldout_size: 4}",
         "env.max_total_tokens=200",
-        "algorithm.advantage=rae",
+        "algorithm.name=rae",
     )
     result = train(cfg)
     s = result.summary

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config.schema import ConfigError, load_config, save_config
+from streamrl.config import ConfigError, load_config, save_config
 from streamrl.run.checkpoint import (
     Checkpoint,
     CheckpointError,

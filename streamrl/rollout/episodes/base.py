@@ -20,7 +20,7 @@ from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
+    from streamrl.config import Config
     from streamrl.rollout.rewards import CompositeReward
 
 
@@ -36,10 +36,8 @@ class Episode(Protocol):
         seed: int,
         *,
         greedy: bool = False,
-        stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
-        """One episode of ``item``. ``stratum`` (j, G): member j of a group of G sharing
-        ``seed`` whose draws are stratified (GenerationRequest.stratum)."""
+        """One episode of ``item``, its sampling fixed by ``seed``."""
         ...
 
 

@@ -39,7 +39,7 @@ from streamrl.rollout.rewards.guard import Outcome, RewardGuard
 from streamrl.sources.mixture import item_domain
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import RewardConfig
+    from streamrl.config import RewardConfig
 
 RewardFn = Callable[[str, Item], float]
 F = TypeVar("F", bound=Callable[..., float])

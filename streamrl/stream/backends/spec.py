@@ -15,27 +15,27 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import Config
+from streamrl.config import Config, RunContext
 from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.models.loading import resolve_dtype
 from streamrl.rollout.episodes import build_episode, sampling_params
 from streamrl.rollout.rewards import build_reward
-from streamrl.rollout.selection.likelihood import build_gate
+from streamrl.rollout.selection import build_sampler
 from streamrl.rollout.worker import Emit, RolloutWorker
 
 
 def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> RolloutWorker:
     """The rollout worker of a run: the run's episode and algorithm on ``engine``."""
     episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
+    sampling = sampling_params(cfg, tokenizer)
     return RolloutWorker(
         engine,
         episode,
-        build_algorithm(cfg),
+        build_algorithm(cfg.algorithm, RunContext.of(cfg)),
         emit,
         group_size=cfg.rollout.group_size,
         seed=cfg.seed,
-        gate=build_gate(cfg, tokenizer, sampling_params(cfg, tokenizer)),
-        stratified=cfg.rollout.group_sampling == "stratified",
+        sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed, tokenizer, sampling),
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from streamrl.algorithms import Filtered, build_algorithm
+from streamrl.config import RunContext
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import GenerationRequest, GenerationResult, SamplingParams
 from streamrl.engines.factory import engine_options, make_inference_engine
@@ -75,7 +76,7 @@ class EndpointPool(PoolBooks):
             engine_model, tokenizer, device=device, **engine_options(cfg)
         )
         self.engine.update_weights(weights, version)
-        self.algorithm = build_algorithm(cfg)
+        self.algorithm = build_algorithm(cfg.algorithm, RunContext.of(cfg))
         self.table = SessionTable(
             stream, lambda: self.engine.version, lambda: self._hold, self._end
         )

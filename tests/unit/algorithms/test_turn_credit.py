@@ -15,7 +15,7 @@ from streamrl.algorithms.turn_credit import (
     turn_returns,
     turn_tensors,
 )
-from streamrl.config.schema import load_config
+from streamrl.config import RunContext, load_config
 from streamrl.core.types import Batch, Trajectory
 
 # Two trajectories of one item: A has 2 turns (rewards 0.5, 1.0), B 3 (0, -1, 2).
@@ -119,20 +119,21 @@ def test_rae_keeps_a_baseline_per_role():
     assert torch.allclose(after, torch.tensor([0.75, -0.5]))
 
 
-def _cfg(tmp_path, advantage: str, *extra: str):
-    return load_config(
+def _algorithm(tmp_path, advantage: str, *extra: str):
+    cfg = load_config(
         None,
         [
             "model.name_or_path=tiny-small",
-            f"algorithm.advantage={advantage}",
+            f"algorithm.name={advantage}",
             f"run.output_dir={tmp_path}",
             *extra,
         ],
     )
+    return build_algorithm(cfg.algorithm, RunContext.of(cfg))
 
 
 def test_rae_algorithm_carries_its_baselines_across_batches_and_checkpoints(tmp_path):
-    algo = build_algorithm(_cfg(tmp_path, "rae", "credit.role_decay=0.5"))
+    algo = _algorithm(tmp_path, "rae", "algorithm.rae.decay=0.5")
     seat0 = _traj(1.0, [(2, 4)], [1.0], ["s"], "kuhn/seat_0")
     seat1 = _traj(-1.0, [(2, 4)], [-1.0], ["s"], "kuhn/seat_1")
     # an all-equal group still has signal against the roles' baselines: kept
@@ -140,7 +141,7 @@ def test_rae_algorithm_carries_its_baselines_across_batches_and_checkpoints(tmp_
     batch = Batch.collate([seat0, seat1], pad_id=0)
     assert algo.advantages(batch, [seat0, seat1]).tolist() == [0.5, -0.5]
     saved = algo.state_dict()
-    again = build_algorithm(_cfg(tmp_path, "rae", "credit.role_decay=0.5"))
+    again = _algorithm(tmp_path, "rae", "algorithm.rae.decay=0.5")
     again.load_state_dict(saved)
     assert again.advantages(batch, [seat0, seat1]).tolist() == [0.25, -0.25]
     assert algo.advantages(batch, [seat0, seat1]).tolist() == [0.25, -0.25]
@@ -148,7 +149,7 @@ def test_rae_algorithm_carries_its_baselines_across_batches_and_checkpoints(tmp_
 
 @pytest.mark.parametrize("advantage", ["turn_discounted", "gigpo"])
 def test_turn_algorithms_put_turn_advantages_on_generated_tokens_only(tmp_path, advantage):
-    algo = build_algorithm(_cfg(tmp_path, advantage, "credit.gamma=0.5", "rollout.group_size=2"))
+    algo = _algorithm(tmp_path, advantage, "algorithm.turn.gamma=0.5", "rollout.group_size=2")
     a = _traj(1.5, [(1, 3), (5, 7)], [0.5, 1.0], ["s0", "s1"], "g")
     b = _traj(-0.5, [(1, 3), (4, 6)], [0.0, -0.5], ["s0", "s2"], "g")
     batch = Batch.collate([a, b], pad_id=0)

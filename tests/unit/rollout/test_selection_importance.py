@@ -12,8 +12,7 @@ import math
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import (
     WEIGHT_KEY,
@@ -25,14 +24,12 @@ from streamrl.core.types import (
 )
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
-from streamrl.rollout.selection.likelihood import (
-    LikelihoodGate,
-    acceptance_probability,
-    weighted,
-)
+from streamrl.rollout.selection.gate import LikelihoodGate, acceptance_probability, weighted
+from streamrl.rollout.selection.likelihood import LikelihoodSampler
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import Group, SampleStream
+from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_selection import ScriptedBackend
 
 
@@ -167,7 +164,7 @@ def _traj(reward: float, item: int, weight: float | None) -> Trajectory:
 def test_the_update_scales_the_advantages_by_the_normalised_weights() -> None:
     model, tok = load_model_and_tokenizer("tiny-small", seed=0)
     trainer = TrainEngine(model, micro_batch_sequences=4)
-    algo = build_algorithm(load_config(None, ["algorithm.dynamic_sampling=false"]))
+    algo = algorithm_of(load_config(None, ["algorithm.dynamic_sampling=false"]))
     algo.setup(trainer, tok)
     groups = [
         Group(0, 0, [_traj(1.0, 0, 1.0), _traj(0.0, 0, 1.0)]),  # accepted for sure
@@ -194,16 +191,17 @@ def test_importance_acceptance_needs_the_likelihood_gate_and_a_policy_gradient()
         check_selection(load_config(None, ["selection.acceptance=importance"]))
     ok = ["selection.kind=likelihood", "selection.acceptance=importance"]
     check_selection(load_config(None, ok))
-    check_selection(load_config(None, [*ok, "algorithm.advantage=remax"]))
+    check_selection(load_config(None, [*ok, "algorithm.name=remax"]))
 
 
 def test_a_spare_is_drawn_without_the_weight_of_an_earlier_decision() -> None:
     """A decision made ahead that expired, or one restored from a checkpoint, goes back to
     the spares with its weight; the pool draws it unweighted (the gate decides again)."""
     fresh = iter([Item(id="new", prompt="1+1=", answer="2")])
-    pool = RolloutPool(ScriptedBackend(), SampleStream(2, 1), fresh)
+    sampler = LikelihoodSampler()
+    RolloutPool(ScriptedBackend(), SampleStream(2, 1), fresh, sampler=sampler)
     held = weighted(Item(id="held", prompt="1+2=", answer="3"), 4.0)
-    pool._spares.append(held)
-    drawn = pool._draw()
+    sampler._spares.append(held)
+    drawn = sampler.issue(0)
     assert drawn.id == "held" and WEIGHT_KEY not in drawn.metadata
-    assert pool._draw().id == "new"
+    assert sampler.issue(1).id == "new"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.stream.backends import plan_placement
 
 
