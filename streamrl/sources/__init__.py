@@ -16,6 +16,7 @@ mixture        :class:`MixtureTaskSource`                   sources: [{name, kin
 minari         :class:`MinariTaskSource`                    dataset_id, batch_transitions, ...
 textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
 verifiers      :class:`VerifiersTaskSource`                 load, args, demonstration, ...
+openenv        :class:`OpenEnvTaskSource`                   load, action, action_field, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -36,6 +37,7 @@ from streamrl.sources.gym import GymTaskSource
 from streamrl.sources.longtail import LongTailTaskSource
 from streamrl.sources.minari import MinariTaskSource
 from streamrl.sources.mixture import MixtureTaskSource, item_correct_reward, item_domain
+from streamrl.sources.openenv import OpenEnvTaskSource
 from streamrl.sources.reasoning_gym import ReasoningGymTaskSource
 from streamrl.sources.textarena import TextArenaTaskSource
 from streamrl.sources.tool_arithmetic import ToolArithmeticTaskSource
@@ -52,6 +54,7 @@ __all__ = [
     "LongTailTaskSource",
     "MinariTaskSource",
     "MixtureTaskSource",
+    "OpenEnvTaskSource",
     "ParquetTaskSource",
     "ReasoningGymTaskSource",
     "TaskSource",
@@ -82,6 +85,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "mixture": MixtureTaskSource,
     "textarena": TextArenaTaskSource,
     "verifiers": VerifiersTaskSource,
+    "openenv": OpenEnvTaskSource,
 }
 
 

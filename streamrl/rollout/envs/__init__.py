@@ -5,6 +5,7 @@ them token in, token out (``episode.py``, ``rollout.episode: env``), scripted op
 ``openenv.py``. Their task sources (``data.kind``) are in :mod:`streamrl.sources`."""
 
 from streamrl.rollout.envs import episode as episode  # registers rollout.episode "env"
+from streamrl.rollout.envs import openenv as openenv  # registers env kind "openenv"
 from streamrl.rollout.envs import rewards as rewards  # registers env_return, env_win
 from streamrl.rollout.envs import textarena as textarena  # registers env kind "textarena"
 from streamrl.rollout.envs import verifiers as verifiers  # registers env kind "verifiers"

@@ -20,8 +20,8 @@ KUHN = {"env_id": "KuhnPoker-v0", "env_options": {"max_rounds": 1}}
 
 
 def test_environment_kinds_are_listed_in_the_unknown_kind_error():
-    assert {"textarena", "verifiers"} <= set(task_source_kinds())
-    with pytest.raises(ValueError, match="textarena.*verifiers"):
+    assert {"openenv", "textarena", "verifiers"} <= set(task_source_kinds())
+    with pytest.raises(ValueError, match="openenv.*textarena.*verifiers"):
         build_task_source("no_such_kind")
 
 
