@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -51,6 +51,9 @@ class _OfflineStage(Section):
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of linear/cosine decay, as a fraction."
     )
+    # no evaluation inside these stages (SFT's sft.eval_every, sft.stop_at_eval): not keys
+    eval_every: ClassVar[int] = 0
+    stop_at_eval: ClassVar[float | None] = None
 
 
 class DPOConfig(_OfflineStage):

@@ -18,7 +18,7 @@ from streamrl.analysis.evaluate import is_correct
 from streamrl.core.sample import Sample
 from streamrl.core.types import Batch
 from streamrl.sources import item_correct_reward, item_domain
-from streamrl.stream.books import PoolBooks
+from streamrl.stream.pools import Pool
 from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, staleness_metrics
 
 # engine counters of work done: tokens generated (LM) or observations acted on (policy)
@@ -40,7 +40,7 @@ class StepMetrics:
         train_metrics: dict[str, float],
         timings: dict[str, float],
         stream: SampleStream,
-        pool: PoolBooks,
+        pool: Pool,
     ) -> dict[str, float]:
         """The metrics of RL step ``step`` (1-based: the weight version it produced)."""
         trajectories = [t for g in groups for t in g.trajectories]
@@ -140,7 +140,7 @@ class StepMetrics:
         self.tokens, self.carried = int(state["tokens"]), int(state["carried"])
         self.waited = state["waited"]
 
-    def summary(self, pool: PoolBooks, stream: SampleStream) -> dict[str, Any]:
+    def summary(self, pool: Pool, stream: SampleStream) -> dict[str, Any]:
         """RL totals for ``summary.json``."""
         out: dict[str, Any] = {
             "rl_time_s": self.rl_seconds(),

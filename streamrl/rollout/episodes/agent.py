@@ -221,16 +221,8 @@ class AgentEpisode:
             if budget_now <= 0:
                 m["agent/truncated"] = 1.0
                 break
-            request = GenerationRequest(
-                list(tokens.ids),
-                replace(params, max_new_tokens=budget_now),
-                turn_seed(seed, turn),
-            )
-            res = await engine.agenerate(request)
-            if turn == 0:  # (a later turn that fills the context ends the episode)
-                check_room(item, request.prompt_ids, res)
+            res = await self._generate(engine, item, tokens, params, budget_now, seed, turn)
             finish = res.finish_reason
-            tokens.generated(res)
             budget -= len(res.token_ids)
             m["agent/turns"] += 1
             as_generated, content = self.turn_text(res, params)
@@ -244,14 +236,7 @@ class AgentEpisode:
             if turn == self.max_turns - 1:  # no turn left to read the results
                 m["agent/truncated"] = 1.0
                 break
-            results = [await self.tools.execute(c) for c in calls]
-            m["agent/tool_calls"] += len(results)
-            for r in results:
-                m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
-                if r.error:
-                    m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
-                for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
-                    m[key] = m.get(key, 0.0) + value
+            results = await self._run_tools(calls, m)
             final = [r for r in results if r.final]
             if final:
                 answer = final[0].content
@@ -272,6 +257,54 @@ class AgentEpisode:
         m["agent/template_mismatch_tokens"] = float(
             self.template_mismatch(messages, tokens.ids) if mismatch == 0 else mismatch
         )
+        return await self._trajectory(item, tokens, messages, answer, finish, m)
+
+    async def _generate(
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        tokens: TokenLog,
+        params: SamplingParams,
+        budget: int,
+        seed: int,
+        turn: int,
+    ) -> GenerationResult:
+        """One assistant turn from the tokens so far, at most ``budget`` tokens; its
+        tokens, log-probs and versions join ``tokens``."""
+        request = GenerationRequest(
+            list(tokens.ids),
+            replace(params, max_new_tokens=budget),
+            turn_seed(seed, turn),
+        )
+        res = await engine.agenerate(request)
+        if turn == 0:  # (a later turn that fills the context ends the episode)
+            check_room(item, request.prompt_ids, res)
+        tokens.generated(res)
+        return res
+
+    async def _run_tools(self, calls: list[Any], m: dict[str, float]) -> list[Any]:
+        """Execute one turn's tool calls in order, counting calls, latency, errors and the
+        tools' own metrics (``sandbox/*``) into ``m``."""
+        results = [await self.tools.execute(c) for c in calls]
+        m["agent/tool_calls"] += len(results)
+        for r in results:
+            m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
+            if r.error:
+                m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
+            for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
+                m[key] = m.get(key, 0.0) + value
+        return results
+
+    async def _trajectory(
+        self,
+        item: Item,
+        tokens: TokenLog,
+        messages: list[dict],
+        answer: str,
+        finish: str,
+        m: dict[str, float],
+    ) -> Trajectory:
+        """Score ``answer`` and assemble the episode's trajectory and metadata."""
         scored = await self.reward.ascore(answer, item)
         metadata = {
             "completion": answer,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 
 
 class Episode(Protocol):
-    """A language-model episode may also have ``prompt_ids(item) -> list[int]``, the
-    tokens of its first request: preflight measures prompts with it (else with
-    :func:`~streamrl.models.encode_prompt`) against the model's context."""
+    """One rollout of an item. A language-model episode may also declare the optional
+    capabilities below (:class:`MeasuresPrompts`, :class:`SamplesWith`)."""
 
     async def __call__(
         self,
@@ -63,6 +62,22 @@ class Trajectories:
 def episode_output(result: Any) -> Trajectories:
     """An episode's result as :class:`Trajectories` (one sample: a list of one)."""
     return result if isinstance(result, Trajectories) else Trajectories([result])
+
+
+@runtime_checkable
+class MeasuresPrompts(Protocol):
+    """``prompt_ids(item)``: the tokens of the episode's first request; preflight measures
+    prompts with it (else with :func:`~streamrl.models.encode_prompt`) against the
+    model's context."""
+
+    def prompt_ids(self, item: Item) -> list[int]: ...
+
+
+@runtime_checkable
+class SamplesWith(Protocol):
+    """The sampling parameters the episode generates with (``streamrl eval`` records them)."""
+
+    sampling: SamplingParams
 
 
 class PromptTooLong(ValueError):

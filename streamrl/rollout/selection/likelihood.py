@@ -27,8 +27,8 @@ ahead (:class:`ScoreAhead`, :meth:`LikelihoodGate.score_ahead`); the accepted on
 held in draw order and issued before anything else, alone, and generated without
 scoring again, while their decision is at most ``score_ahead`` weight versions old
 (older ones become spares, scored again). Skipped ones are counted like any skip. Not
-while the pool is paused (evaluations), and not at η = 0, where what an idle worker gets
-to score would depend on timing.
+while the trainer evaluates (:meth:`RolloutPool.work_ahead`), and not at η = 0, where
+what an idle worker gets to score would depend on timing.
 """
 
 from __future__ import annotations

@@ -143,18 +143,17 @@ class EndpointPool(PoolBooks):
         self.engine.update_weights(state_dict, version)
         self._synced(self.engine.version)
 
-    def pause(self, engines: bool = True) -> None:
-        if engines:
-            self.engine.pause()
+    def pause_generation(self) -> None:
+        """The engine stops between two decode steps until :meth:`resume_generation`."""
+        self.engine.pause()
 
-    def resume(self, engines: bool = True) -> None:
-        if engines:
-            self.engine.resume()
+    def resume_generation(self) -> None:
+        self.engine.resume()
 
     def drive_engines(self, threads: int, until: Callable[[], bool]) -> bool:
         return drive_engine(self.engine, threads, until)
 
-    def drain(self) -> None:
+    def finish_inflight(self) -> None:
         """Wait for the calls being generated (sessions stay open: their agents decide)."""
         while self._active_calls:
             time.sleep(0.001)

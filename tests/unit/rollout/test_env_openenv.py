@@ -11,7 +11,7 @@ import pytest
 
 from streamrl.models import build_char_tokenizer
 from streamrl.sources import build_task_source
-from tests.unit.rollout.test_env_episode import ScriptedEngine, _episode
+from tests.env_harness import ScriptedEngine, _episode
 
 # (openenv-core 0.3 imports fastmcp's client, which needs mcp >= 2)
 core = pytest.importorskip("openenv.core", exc_type=ImportError)

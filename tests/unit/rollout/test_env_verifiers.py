@@ -11,7 +11,7 @@ import pytest
 
 from streamrl.models import build_char_tokenizer
 from streamrl.sources import build_task_source
-from tests.unit.rollout.test_env_episode import ScriptedEngine, _episode
+from tests.env_harness import ScriptedEngine, _episode
 
 vf = pytest.importorskip("verifiers")
 ARITHMETIC = "streamrl.rollout.envs.vf_arithmetic:arithmetic_env"

@@ -317,9 +317,9 @@ def test_decisions_made_ahead_expire_and_a_lost_workers_batch_is_kept() -> None:
     assert list(sampler._spares) == [old, scoring] and 0 not in sampler._scoring
     pool.versions[0] = 0
     assert len(stream.admit(0, 4)) == 4  # the stream is full: the worker is idle
-    pool.pause(engines=False)  # the trainer evaluates: no scoring ahead meanwhile
+    pool.work_ahead(False)  # the trainer evaluates: no scoring ahead meanwhile
     assert not pool._dispatch() and 0 not in sampler._scoring
-    pool.resume(engines=False)
+    pool.work_ahead(True)
     assert pool._dispatch() and len(sampler._scoring[0][1]) == 3 * 2 - 1  # 1 held already
     at_eta0 = LikelihoodSampler(budget=budget, score_ahead=3)
     RolloutPool(GateBackend(), SampleStream(2, 0), _source(), sampler=at_eta0)

@@ -13,7 +13,7 @@ import pytest
 from streamrl.models import build_char_tokenizer
 from streamrl.rollout.envs import get_opponent, make_env
 from streamrl.sources import build_task_source, task_source_kinds
-from tests.unit.rollout.test_env_episode import ScriptedEngine, _episode
+from tests.env_harness import ScriptedEngine, _episode
 
 pytest.importorskip("textarena")
 KUHN = {"env_id": "KuhnPoker-v0", "env_options": {"max_rounds": 1}}
