@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from streamrl.config import (
         AgentConfig,
         AlgorithmConfig,
+        EnvConfig,
         ModelConfig,
         RewardConfig,
         RolloutConfig,
@@ -34,6 +35,7 @@ class RolloutSpec:
     """The weights' dtype of an engine built in another process; the served model's name."""
     rollout: RolloutConfig
     agent: AgentConfig
+    env: EnvConfig
     reward: RewardConfig
     algorithm: AlgorithmConfig
     selection: SelectionConfig
@@ -46,7 +48,9 @@ class RolloutSpec:
 
     @property
     def episode(self) -> EpisodeSpec:
-        return EpisodeSpec(self.rollout, self.agent, self.context.seed)
+        return EpisodeSpec(
+            rollout=self.rollout, agent=self.agent, env=self.env, seed=self.context.seed
+        )
 
     @property
     def engine_options(self) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from streamrl.rollout.spec import RolloutSpec
 
 
 def episode_spec(cfg: Config) -> EpisodeSpec:
-    """What an episode factory reads: ``rollout``, ``agent`` and the seed."""
-    return EpisodeSpec(cfg.rollout, cfg.agent, cfg.seed)
+    """What an episode factory reads: ``rollout``, ``agent``, ``env`` and the seed."""
+    return EpisodeSpec(rollout=cfg.rollout, agent=cfg.agent, env=cfg.env, seed=cfg.seed)
 
 
 def rollout_spec(cfg: Config) -> RolloutSpec:
@@ -27,6 +27,7 @@ def rollout_spec(cfg: Config) -> RolloutSpec:
         model=cfg.model,
         rollout=cfg.rollout,
         agent=cfg.agent,
+        env=cfg.env,
         reward=cfg.reward,
         algorithm=cfg.algorithm,
         selection=cfg.selection,

@@ -1,5 +1,6 @@
 """Episodes: how one item is rolled out and scored (training and evaluation alike)."""
 
+from streamrl.rollout import envs as envs  # registers "env": text environments
 from streamrl.rollout.episodes import agent as agent  # registers "agent"
 from streamrl.rollout.episodes import gym as gym  # registers "gym"
 from streamrl.rollout.episodes import single_turn as single_turn  # registers "single_turn"
@@ -7,8 +8,10 @@ from streamrl.rollout.episodes.base import (
     Episode,
     EpisodeSpec,
     PromptTooLong,
+    Trajectories,
     build_episode,
     episode_kinds,
+    episode_output,
     register_episode,
     sampling_params,
 )
@@ -19,7 +22,9 @@ __all__ = [
     "EpisodeSpec",
     "PromptTooLong",
     "SingleTurnEpisode",
+    "Trajectories",
     "build_episode",
+    "episode_output",
     "episode_kinds",
     "register_episode",
     "sampling_params",

@@ -22,10 +22,14 @@ def test_a_rollout_spec_holds_the_sections_a_worker_reads_and_pickles() -> None:
         ["seed=7", "rollout.group_size=3", "stream.max_staleness=0", "agent.max_turns=2"],
     )
     spec = rollout_spec(cfg)
-    for name in ("model", "rollout", "agent", "reward", "algorithm", "selection"):
+    for name in ("model", "rollout", "agent", "env", "reward", "algorithm", "selection"):
         assert getattr(spec, name) == getattr(cfg, name), name
     assert spec.context == RunContext.of(cfg) and spec.seed == 7
-    assert spec.episode == EpisodeSpec(cfg.rollout, cfg.agent, 7) == episode_spec(cfg)
+    assert (
+        spec.episode
+        == EpisodeSpec(rollout=cfg.rollout, agent=cfg.agent, env=cfg.env, seed=7)
+        == episode_spec(cfg)
+    )
     assert spec.engine_options == engine_options(cfg.rollout, 0)
     assert spec.engine_options["batch_invariant"] is True  # 'auto' at eta = 0
     # a worker in another process or on a Ray node receives it whole
@@ -45,7 +49,7 @@ def test_an_episode_factory_gets_the_episode_spec(monkeypatch: pytest.MonkeyPatc
     cfg = load_config(None, ["rollout.episode=test_spec", "seed=3", "rollout.max_new_tokens=5"])
     build_episode(episode_spec(cfg), None, build_reward(cfg.reward), max_new_tokens=2)
     ((spec, sampling),) = seen
-    assert spec == EpisodeSpec(cfg.rollout, cfg.agent, 3)
+    assert spec == EpisodeSpec(rollout=cfg.rollout, agent=cfg.agent, env=cfg.env, seed=3)
     assert sampling.max_new_tokens == 2 and sampling.stop_token_ids == []  # no tokenizer
 
 

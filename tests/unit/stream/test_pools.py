@@ -15,7 +15,6 @@ from streamrl.core.messages import Pause, Resume, StartItems
 from streamrl.models.tokenizer import build_char_tokenizer
 from streamrl.rollout.selection import GroupSampler
 from streamrl.run.assembly import rollout_spec
-from streamrl.stream.backends.base import Backend
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.pool import RolloutPool
 from streamrl.stream.pools import Pool
@@ -55,7 +54,7 @@ def test_each_pool_implements_the_whole_interface(tmp_path: Path, kind: str) -> 
         assert isinstance(getattr(pool, name), int | dict | GroupSampler), name
 
 
-class _Recording(ScriptedBackend, Backend):
+class _Recording(ScriptedBackend):
     def __init__(self) -> None:
         super().__init__()
         self.commands: list = []
