@@ -73,3 +73,15 @@ def test_the_sampler_context_names_a_policy_run(tmp_path, model: str, episode: s
             check_draws(stratified)
     else:
         check_draws(stratified)
+
+
+def test_the_env_episode_reads_its_section_and_the_built_reward() -> None:
+    """``rollout.episode=env`` takes ``env.*`` from its spec and refuses a reward without
+    an environment component, naming the components (read off the built reward)."""
+    base = ["rollout.episode=env", "env.max_turns=3"]
+    cfg = load_config(None, [*base, "reward.components=[{name: exact_match}]"])
+    with pytest.raises(ValueError, match=r"needs env_return \(or env_win\), got \['exact_match'\]"):
+        build_episode(episode_spec(cfg), None, build_reward(cfg.reward))
+    cfg = load_config(None, [*base, "reward.components=[{name: env_return}, {name: env_win}]"])
+    episode = build_episode(episode_spec(cfg), None, build_reward(cfg.reward))
+    assert episode.max_turns == 3
