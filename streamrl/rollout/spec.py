@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutSpec:
+    """The sections a rollout worker and the endpoint's pool read, and the run's context
+    (``streamrl.run.assembly.rollout_spec`` fills it; it pickles)."""
+
     model: ModelConfig
     """The weights' dtype of an engine built in another process; the served model's name."""
     rollout: RolloutConfig
