@@ -1,9 +1,10 @@
 """Shared test set-up: one torch thread (tiny models run faster, and the suite
-shares two cores), and no hub access."""
+shares two cores), no hub access, and the ``tiny_config`` fixture."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,3 +20,13 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path):
+    """A tiny run's config writing under ``tmp_path``: ``tiny_config("train.steps=2")``;
+    ``tiny_config.args(...)`` gives the same run as CLI overrides (tests/tiny_run.py).
+    Imported here, not above, so that the hub is offline before streamrl loads."""
+    from tests.tiny_run import TinyConfig
+
+    return TinyConfig(tmp_path)

@@ -105,28 +105,17 @@ def flaky_reward(completion: str, item) -> float:
     return float(len(completion) % 2)
 
 
-def test_failing_and_hanging_rewards_are_counted_not_fatal(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "reward.components=[{name: test_flaky}]",
-            "reward.correct_reward=test_flaky",
-            "reward.timeout_s=0.2",
-            # hung rewards can briefly fail every call: count them, never stop the run
-            "rollout.max_consecutive_failures=0",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=3",
-            "train.items_per_step=2",
-            "train.steps=3",
-            "eval.heldout_size=4",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-        ],
+def test_failing_and_hanging_rewards_are_counted_not_fatal(tiny_config) -> None:
+    cfg = tiny_config(
+        "reward.components=[{name: test_flaky}]",
+        "reward.correct_reward=test_flaky",
+        "reward.timeout_s=0.2",
+        # hung rewards can briefly fail every call: count them, never stop the run
+        "rollout.max_consecutive_failures=0",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "train.items_per_step=2",
+        "train.steps=3",
     )
     result = train(cfg)
     s = result.summary

@@ -17,7 +17,6 @@ import torch
 from streamrl.algorithms import build_algorithm
 from streamrl.algorithms import offline_losses as L
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
 from streamrl.core import transitions
 from streamrl.core.timing import StageTimer
 from streamrl.core.transitions import Transitions, segment_transitions
@@ -296,15 +295,21 @@ def _take(it, n):
 # ---------------------------------------------------------------- algorithms
 
 
-def _cfg(advantage: str, dataset: str, **over):
-    overrides = [
-        "model.name_or_path=mlp", "data.kind=minari",
+def _offline(advantage: str, dataset: str) -> list[str]:
+    """An offline control run: the MLP policy on a Minari dataset, one item per step;
+    the final weights saved (the runs below evaluate or compare them)."""
+    return [
+        "model.name_or_path=mlp",
+        "data.kind=minari",
         f"data.options={{dataset_id: {dataset}, batch_transitions: 32}}",
-        "rollout.episode=gym", "rollout.group_size=1", f"algorithm.advantage={advantage}",
-        "algorithm.q_hidden=[16, 16]", "sft.steps=0", "train.items_per_step=1",
-        "eval.heldout_size=2", "eval.every=0",
-    ] + [f"{k}={v}" for k, v in over.items()]  # fmt: skip
-    return load_config(None, overrides)
+        "rollout.episode=gym",
+        "rollout.group_size=1",
+        f"algorithm.advantage={advantage}",
+        "algorithm.q_hidden=[16, 16]",
+        "train.items_per_step=1",
+        "eval.heldout_size=2",
+        "run.save_weights=true",
+    ]
 
 
 def _pendulum_dataset() -> str:
@@ -327,13 +332,13 @@ def _engine(cfg):
 
 
 @pytest.mark.parametrize("kind", ["cartpole", "pendulum"])
-def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
+def test_iql_trains_q_v_and_policy_and_moves_its_target(tiny_config, kind):
     if kind == "cartpole":
         _heuristic_dataset("cartpole/h-v0", 1, 0.1)
         dataset = "cartpole/h-v0"
     else:
         dataset = _pendulum_dataset()
-    cfg = _cfg("iql", dataset, **{"algorithm.target_tau": 0.5})
+    cfg = tiny_config(*_offline("iql", dataset), "algorithm.target_tau=0.5")
     algo, trainer = build_algorithm(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
@@ -353,8 +358,8 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
     assert "target_q" in algo.state_dict()
 
 
-def test_iql_scales_the_rewards_of_its_td_target():
-    cfg = _cfg("iql", _pendulum_dataset(), **{"algorithm.reward_scale": 0.25})
+def test_iql_scales_the_rewards_of_its_td_target(tiny_config):
+    cfg = tiny_config(*_offline("iql", _pendulum_dataset()), "algorithm.reward_scale=0.25")
     algo, trainer = build_algorithm(cfg), _engine(cfg)
     algo.setup(trainer, None)
     batch = algo.prepare(_one_batch(cfg, trainer), trainer, StageTimer())
@@ -370,8 +375,8 @@ def test_iql_scales_the_rewards_of_its_td_target():
     assert 0 < m["awr_ess"] <= 1
 
 
-def test_td3_bc_delays_the_actor_and_its_targets():
-    cfg = _cfg("td3_bc", _pendulum_dataset(), **{"algorithm.policy_delay": 2})
+def test_td3_bc_delays_the_actor_and_its_targets(tiny_config):
+    cfg = tiny_config(*_offline("td3_bc", _pendulum_dataset()), "algorithm.policy_delay=2")
     algo, trainer = build_algorithm(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
@@ -395,13 +400,13 @@ def test_td3_bc_delays_the_actor_and_its_targets():
     assert state["updates"] == 2 and {"target_q", "target_actor", "generator"} <= set(state)
 
 
-def test_td3_bc_refuses_discrete_actions_and_offline_algorithms_need_one_sample():
+def test_td3_bc_refuses_discrete_actions_and_offline_algorithms_need_one_sample(tiny_config):
     _heuristic_dataset("cartpole/h-v0", 1, 0.0)
-    cfg = _cfg("td3_bc", "cartpole/h-v0")
+    cfg = tiny_config(*_offline("td3_bc", "cartpole/h-v0"))
     with pytest.raises(ValueError, match="continuous"):
         build_algorithm(cfg).setup(_engine(cfg), None)
     with pytest.raises(ValueError, match="group_size must be 1"):
-        build_algorithm(_cfg("iql", "cartpole/h-v0", **{"rollout.group_size": 2}))
+        build_algorithm(tiny_config(*_offline("iql", "cartpole/h-v0"), "rollout.group_size=2"))
 
 
 def test_twin_q_shapes():
@@ -416,19 +421,20 @@ def test_twin_q_shapes():
 
 
 @pytest.mark.parametrize("advantage", ["bc", "iql"])
-def test_offline_cartpole_return_rises_above_random(tmp_path, advantage):
+def test_offline_cartpole_return_rises_above_random(tiny_config, advantage):
     """A medium dataset (a heuristic with 20% random actions); the policy trained offline
     through the stream beats the random policy's return (~22) by far."""
     _heuristic_dataset("cartpole/medium-v0", 15, 0.2)
-    cfg = _cfg(
-        advantage, "cartpole/medium-v0",
-        **{
-            "data.options": "{dataset_id: cartpole/medium-v0, batch_transitions: 256}",
-            "train.steps": 300, "train.lr": "1e-3", "train.max_grad_norm": 100,
-            "eval.heldout_size": 5, "run.output_dir": str(tmp_path), "run.progress": "false",
-            "run.tensorboard": "false", "run.checkpoint_every": 0, "algorithm.gamma": 0.99,
-        },
-    )  # fmt: skip
+    cfg = tiny_config(
+        *_offline(advantage, "cartpole/medium-v0"),
+        "data.options={dataset_id: cartpole/medium-v0, batch_transitions: 256}",
+        "train.steps=300",
+        "train.lr=1e-3",
+        "train.max_grad_norm=100",
+        "eval.heldout_size=5",
+        "run.checkpoint_every=0",
+        "algorithm.gamma=0.99",
+    )
     summary = train(cfg).summary
     assert summary["eval_return_after"] > 100 > summary["eval_return_before"] + 50
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
@@ -436,17 +442,15 @@ def test_offline_cartpole_return_rises_above_random(tmp_path, advantage):
     assert main(["eval", summary["run_dir"]]) == 0  # the saved policy evaluates
 
 
-def test_offline_to_online_reports_both_phases(tmp_path):
+def test_offline_to_online_reports_both_phases(tiny_config):
     _heuristic_dataset("cartpole/medium-v0", 5, 0.2)
-    cfg = _cfg(
-        "iql", "cartpole/medium-v0",
-        **{
-            "data.options": "{dataset_id: cartpole/medium-v0, batch_transitions: 64, "
-            "offline_fraction: 0.5, offline_items: 6, num_envs: 2, segment_length: 32}",
-            "train.steps": 10, "run.output_dir": str(tmp_path), "run.progress": "false",
-            "run.tensorboard": "false", "run.checkpoint_every": 0,
-        },
-    )  # fmt: skip
+    cfg = tiny_config(
+        *_offline("iql", "cartpole/medium-v0"),
+        "data.options={dataset_id: cartpole/medium-v0, batch_transitions: 64, "
+        "offline_fraction: 0.5, offline_items: 6, num_envs: 2, segment_length: 32}",
+        "train.steps=10",
+        "run.checkpoint_every=0",
+    )
     summary = train(cfg).summary
     assert {"eval_return_before", "eval_return_after_offline", "eval_return_after"} <= set(summary)
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
@@ -471,7 +475,7 @@ def test_train_with_a_missing_dataset_is_a_one_line_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("advantage", ["iql", "td3_bc"])
-def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, advantage):
+def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, tiny_config, advantage):
     """Q-networks (trainer extras), targets, the delay counter and the smoothing noise
     are checkpointed: continuing from step 4 ends with the uninterrupted run's weights."""
     import shutil
@@ -481,12 +485,14 @@ def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, advantage):
     from streamrl.run.launch import resume_config
 
     dataset = _pendulum_dataset()
-    cfg = _cfg(
-        advantage, dataset,
-        **{"train.steps": 8, "run.checkpoint_every": 4, "run.keep_checkpoints": 5,
-           "stream.max_staleness": 0, "run.output_dir": str(tmp_path / "a"),
-           "run.progress": "false", "run.tensorboard": "false"},
-    )  # fmt: skip
+    cfg = tiny_config(
+        *_offline(advantage, dataset),
+        "train.steps=8",
+        "run.checkpoint_every=4",
+        "run.keep_checkpoints=5",
+        "stream.max_staleness=0",
+        output_dir=tmp_path / "a",
+    )
     full = Path(train(cfg).summary["run_dir"])
     part = tmp_path / "b"
     shutil.copytree(full, part)

@@ -6,7 +6,6 @@ layers go through it as an opaque op; and it refuses models it cannot compile.""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from streamrl.engines.inference.engine import LocalEngine
 from streamrl.engines.inference.quantize import PackedLinear, pack_linears
 from streamrl.run.launch import train
 from streamrl.run.preflight import PreflightError, check_engine_compile
-from tests.tiny_run import metric_rows, tiny_rl_config
+from tests.tiny_run import metric_rows
 from tests.unit.engines.test_engine_weights import packed_copy
 from tests.unit.engines.test_inference_engine import (
     PROMPTS,
@@ -111,12 +110,11 @@ def draws_match_for_every_kind_of_row(eager: LocalEngine, compiled: LocalEngine,
 
 
 @pytest.mark.slow
-def test_a_run_with_compiled_decode_steps_follows_every_weight_update(tmp_path: Path) -> None:
+def test_a_run_with_compiled_decode_steps_follows_every_weight_update(tiny_config) -> None:
     """At eta = 0 every token comes from the trainer's own weights, so mismatch/* is the
     numerics alone: an engine graph that kept using old weights would show a large gap.
     fp32 engine weights: the fused projections are rewritten in the same modules."""
-    cfg = tiny_rl_config(
-        tmp_path,
+    cfg = tiny_config(
         "rollout.group_size=4",
         "rollout.max_new_tokens=6",
         "rollout.decode_slots=8",
