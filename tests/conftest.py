@@ -1,5 +1,7 @@
 """Shared test set-up: one torch thread (tiny models run faster, and the suite
-shares two cores), no hub access, and the ``tiny_config`` fixture."""
+shares two cores), no hub access, the ``tiny_config`` fixture, and every test under
+tests/integration/ marked ``slow``: ``pytest -m "not slow"`` runs the unit tests' fast
+core (docs/contributing.md); CI runs everything."""
 
 from __future__ import annotations
 
@@ -12,6 +14,16 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+INTEGRATION = Path(__file__).parent / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -245,6 +245,7 @@ def _mismatch(tmp_path: Path, weights: str, backend: str) -> list[dict[str, floa
     ]
 
 
+@pytest.mark.slow  # three runs, one on the process backend
 def test_runs_on_packed_engine_weights_report_a_small_mismatch(tmp_path: Path):
     """At eta = 0 every token comes from the trainer's own weights, so mismatch/* is the
     numerics alone: ~1e-7 per token for the fp32 engine and for oneDNN's fp32 products,

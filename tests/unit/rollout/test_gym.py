@@ -198,6 +198,7 @@ gym.register(
 )
 
 
+@pytest.mark.slow  # trains until CartPole's return rises
 @pytest.mark.parametrize("advantage", ["gae", "vtrace"])
 def test_cartpole_return_rises(tmp_path: Path, advantage: str):
     cfg = load_config(

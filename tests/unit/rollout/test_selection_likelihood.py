@@ -222,6 +222,7 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
     assert 0 < metrics[-1]["selection/scored"] <= summary["selection/scored"]
 
 
+@pytest.mark.slow  # two runs of 150 SFT steps each
 def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path, tiny_config) -> None:
     """The decision is a pure function of the weights and the item: two η = 0 runs skip
     exactly the same items (a resume too: tests/integration/test_resume.py)."""

@@ -114,6 +114,7 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # two sessions through wandb's offline writer
 def test_wandb_offline_resume_has_no_duplicate_steps(tmp_path: Path) -> None:
     wandb = pytest.importorskip("wandb")
     first, second = two_sessions(

@@ -35,7 +35,7 @@ def check_runs(out: Path, seeds: list[int], stdout: str) -> None:
     assert "streamrl compare " + " ".join(str(d) for d in dirs) in stdout
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
+@pytest.mark.parametrize("parallel", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_sweep_runs_each_seed_into_one_recipe(
     tmp_path: Path, tiny_config, capsys, parallel: int
 ) -> None:

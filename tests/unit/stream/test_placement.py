@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from streamrl.config.schema import load_config
 from streamrl.stream.backends import plan_placement
 
@@ -99,6 +101,7 @@ class _Scripted:
         return {2: True, 4: False}.get(self.step)
 
 
+@pytest.mark.slow  # a run on the process backend
 def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch) -> None:
     """The controller's side of runtime.placement=auto, without timing: switching to
     time-sharing (generation paused while the trainer, re-pinned to every core, trains)
