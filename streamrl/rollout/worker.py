@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from streamrl.algorithms import Algorithm, Filtered
-from streamrl.core.engine import InferenceEngine
+from streamrl.core.engine import CountsStats, InferenceEngine
 from streamrl.core.messages import (
     Command,
     GroupDone,
@@ -93,8 +93,8 @@ class RolloutWorker:
                 now = time.monotonic()
                 if self.engine.version != reported or now - last_beat > HEARTBEAT_S:
                     reported, last_beat = self.engine.version, now
-                    stats = getattr(self.engine, "stats", None)
-                    self.emit(VersionReport(reported, dataclasses.asdict(stats) if stats else {}))
+                    counts = self.engine.stats if isinstance(self.engine, CountsStats) else None
+                    self.emit(VersionReport(reported, dataclasses.asdict(counts) if counts else {}))
                 while True:  # every queued command, so a wave of items starts together
                     try:
                         cmd = self.inbox.get_nowait()

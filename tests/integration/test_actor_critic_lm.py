@@ -1,17 +1,16 @@
-"""Token-level PPO with a value head on the language model (algorithm.advantage: gae)."""
+"""Token-level PPO with a value head on the language model (algorithm.name: ppo)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import Trajectory
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import metric_rows
+from tests.tiny_run import algorithm_of, metric_rows
 
 
 def _traj(reward: float, mask: list[bool]) -> Trajectory:
@@ -38,9 +37,9 @@ class ValuesTrainer:
 
 def test_token_gae_rewards_the_last_generated_token_and_skips_observations():
     cfg = load_config(
-        None, ["algorithm.advantage=gae", "algorithm.gamma=1.0", "algorithm.gae_lambda=0.5"]
+        None, ["algorithm.name=ppo", "algorithm.ppo.gamma=1.0", "algorithm.ppo.gae_lambda=0.5"]
     )
-    algo = build_algorithm(cfg)
+    algo = algorithm_of(cfg)
     # prompt, two generated tokens, an observation token, one more generated token
     traj = _traj(1.0, [False, True, True, False, True])
     batch = algo.prepare([Group(0, 0, [traj])], ValuesTrainer(), StageTimer())
@@ -60,8 +59,8 @@ def test_token_gae_rewards_the_last_generated_token_and_skips_observations():
 
 def test_lm_value_head_trains_through_the_pipeline(tiny_config):
     cfg = tiny_config(
-        "algorithm.advantage=gae",
-        "algorithm.gamma=1.0",
+        "algorithm.name=ppo",
+        "algorithm.ppo.gamma=1.0",
         "reward.components=[{name: numeric_match}, "
         "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
         "rollout.group_size=2",

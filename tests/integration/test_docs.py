@@ -63,7 +63,7 @@ def test_algorithm_example_trains_its_critic(doc, tiny_config, monkeypatch) -> N
         original(self, trainer, tokenizer)
 
     monkeypatch.setattr(cls, "setup", setup)
-    result = train(tiny_config(*TWO_STEPS, "algorithm.advantage=doc_critic_baseline"))
+    result = train(tiny_config(*TWO_STEPS, "algorithm.name=doc_critic_baseline"))
     assert result.summary["stream/consumed"] == 4
     (algo,) = built
     assert algo.state_dict()["critic_opt"]["state"]  # the critic took optimizer steps

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
 from streamrl.algorithms import offline_losses as L
 from streamrl.cli.main import main
 from streamrl.core import transitions
@@ -28,6 +27,7 @@ from streamrl.run.launch import train
 from streamrl.sources import DataError, build_task_source, minari_make
 from streamrl.sources.minari_make import PolicySpec, make_minari, play_episode
 from streamrl.stream.sample_stream import Group
+from tests.tiny_run import algorithm_of
 
 
 @pytest.fixture(autouse=True)
@@ -304,8 +304,8 @@ def _offline(advantage: str, dataset: str) -> list[str]:
         f"data.options={{dataset_id: {dataset}, batch_transitions: 32}}",
         "rollout.episode=gym",
         "rollout.group_size=1",
-        f"algorithm.advantage={advantage}",
-        "algorithm.q_hidden=[16, 16]",
+        f"algorithm.name={advantage}",
+        "algorithm.offline.q_hidden=[16, 16]",
         "train.items_per_step=1",
         "eval.heldout_size=2",
         "run.save_weights=true",
@@ -338,8 +338,8 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(tiny_config, kind):
         dataset = "cartpole/h-v0"
     else:
         dataset = _pendulum_dataset()
-    cfg = tiny_config(*_offline("iql", dataset), "algorithm.target_tau=0.5")
-    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    cfg = tiny_config(*_offline("iql", dataset), "algorithm.offline.target_tau=0.5")
+    algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
     q, target = algo.loss_fn.q, algo.loss_fn.target_q
@@ -359,8 +359,8 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(tiny_config, kind):
 
 
 def test_iql_scales_the_rewards_of_its_td_target(tiny_config):
-    cfg = tiny_config(*_offline("iql", _pendulum_dataset()), "algorithm.reward_scale=0.25")
-    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    cfg = tiny_config(*_offline("iql", _pendulum_dataset()), "algorithm.offline.reward_scale=0.25")
+    algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     batch = algo.prepare(_one_batch(cfg, trainer), trainer, StageTimer())
     loss_fn, policy = algo.loss_fn, trainer.model
@@ -376,8 +376,8 @@ def test_iql_scales_the_rewards_of_its_td_target(tiny_config):
 
 
 def test_td3_bc_delays_the_actor_and_its_targets(tiny_config):
-    cfg = tiny_config(*_offline("td3_bc", _pendulum_dataset()), "algorithm.policy_delay=2")
-    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    cfg = tiny_config(*_offline("td3_bc", _pendulum_dataset()), "algorithm.offline.policy_delay=2")
+    algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
     loss = algo.loss_fn
@@ -404,9 +404,9 @@ def test_td3_bc_refuses_discrete_actions_and_offline_algorithms_need_one_sample(
     _heuristic_dataset("cartpole/h-v0", 1, 0.0)
     cfg = tiny_config(*_offline("td3_bc", "cartpole/h-v0"))
     with pytest.raises(ValueError, match="continuous"):
-        build_algorithm(cfg).setup(_engine(cfg), None)
+        algorithm_of(cfg).setup(_engine(cfg), None)
     with pytest.raises(ValueError, match="group_size must be 1"):
-        build_algorithm(tiny_config(*_offline("iql", "cartpole/h-v0"), "rollout.group_size=2"))
+        algorithm_of(tiny_config(*_offline("iql", "cartpole/h-v0"), "rollout.group_size=2"))
 
 
 def test_twin_q_shapes():
@@ -433,7 +433,7 @@ def test_offline_cartpole_return_rises_above_random(tiny_config, advantage):
         "train.max_grad_norm=100",
         "eval.heldout_size=5",
         "run.checkpoint_every=0",
-        "algorithm.gamma=0.99",
+        "algorithm.offline.gamma=0.99",
     )
     summary = train(cfg).summary
     assert summary["eval_return_after"] > 100 > summary["eval_return_before"] + 50
@@ -464,7 +464,7 @@ def test_train_with_a_missing_dataset_is_a_one_line_error(tmp_path, capsys):
         [
             "train", "model.name_or_path=mlp", "data.kind=minari",
             "data.options={dataset_id: cartpole/absent-v0}", "rollout.episode=gym",
-            "rollout.group_size=1", "algorithm.advantage=bc", "sft.steps=0",
+            "rollout.group_size=1", "algorithm.name=bc", "sft.steps=0",
             f"run.output_dir={tmp_path / 'runs'}",
         ]
     )  # fmt: skip

@@ -13,20 +13,19 @@ Register a new kind with ``@register_episode("name")`` on a factory
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
+    from streamrl.config import Config
     from streamrl.rollout.rewards import CompositeReward
 
 
 class Episode(Protocol):
-    """A language-model episode may also have ``prompt_ids(item) -> list[int]``, the
-    tokens of its first request: preflight measures prompts with it (else with
-    :func:`~streamrl.models.encode_prompt`) against the model's context."""
+    """One rollout of an item. A language-model episode may also declare the optional
+    capabilities below (:class:`MeasuresPrompts`, :class:`SamplesWith`)."""
 
     async def __call__(
         self,
@@ -38,6 +37,22 @@ class Episode(Protocol):
     ) -> Trajectory | None:
         """One episode of ``item``, its sampling fixed by ``seed``."""
         ...
+
+
+@runtime_checkable
+class MeasuresPrompts(Protocol):
+    """``prompt_ids(item)``: the tokens of the episode's first request; preflight measures
+    prompts with it (else with :func:`~streamrl.models.encode_prompt`) against the
+    model's context."""
+
+    def prompt_ids(self, item: Item) -> list[int]: ...
+
+
+@runtime_checkable
+class SamplesWith(Protocol):
+    """The sampling parameters the episode generates with (``streamrl eval`` records them)."""
+
+    sampling: SamplingParams
 
 
 class PromptTooLong(ValueError):
