@@ -63,9 +63,13 @@ def test_expectile_loss_weights_positive_residuals_by_tau():
 def test_iql_q_loss_bootstraps_from_v_unless_terminated():
     q1, q2 = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 2.0])
     loss = L.iql_q_loss(
-        q1, q2, torch.tensor([1.0, 0.0]), torch.tensor([2.0, 4.0]),
-        torch.tensor([False, True]), gamma=0.5,
-    )  # fmt: skip
+        q1,
+        q2,
+        torch.tensor([1.0, 0.0]),
+        torch.tensor([2.0, 4.0]),
+        torch.tensor([False, True]),
+        gamma=0.5,
+    )
     # y = [1 + 0.5 * 2, 0]; q1: (1 + 4) / 2 = 2.5; q2: (4 + 4) / 2 = 4
     assert loss.item() == pytest.approx(0.5 * (2.5 + 4.0))
 
@@ -92,9 +96,12 @@ def test_awr_weight_stats_mean_cap_share_and_effective_sample_size():
 
 def test_td3_target_takes_the_smaller_q_and_stops_at_termination():
     y = L.td3_target(
-        torch.tensor([1.0, 1.0]), torch.tensor([False, True]),
-        torch.tensor([3.0, 5.0]), torch.tensor([4.0, 2.0]), gamma=0.9,
-    )  # fmt: skip
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([False, True]),
+        torch.tensor([3.0, 5.0]),
+        torch.tensor([4.0, 2.0]),
+        gamma=0.9,
+    )
     assert y.tolist() == pytest.approx([1 + 0.9 * 3, 1.0])
 
 
@@ -143,13 +150,18 @@ def test_polyak_update_moves_the_target_by_tau():
 def test_segment_transitions_drop_truncated_steps_and_keep_versions():
     obs = torch.arange(8.0).reshape(2, 2, 2)  # T=2, N=2
     seg = Segment(
-        obs=obs, actions=torch.tensor([[0, 1], [1, 0]]), logprobs=torch.zeros(2, 2),
-        values=torch.zeros(2, 2), rewards=torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+        obs=obs,
+        actions=torch.tensor([[0, 1], [1, 0]]),
+        logprobs=torch.zeros(2, 2),
+        values=torch.zeros(2, 2),
+        rewards=torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
         terminated=torch.tensor([[False, True], [False, False]]),
-        truncated=torch.tensor([[False, False], [True, False]]), final_values=torch.zeros(2, 2),
-        last_obs=torch.tensor([[8.0, 9.0], [10.0, 11.0]]), last_values=torch.zeros(2),
+        truncated=torch.tensor([[False, False], [True, False]]),
+        final_values=torch.zeros(2, 2),
+        last_obs=torch.tensor([[8.0, 9.0], [10.0, 11.0]]),
+        last_values=torch.zeros(2),
         versions=torch.tensor([3, 4]),
-    )  # fmt: skip
+    )
     tr = segment_transitions(seg)
     assert tr.rewards.tolist() == [1.0, 2.0, 4.0]  # (t=1, env 0) was truncated
     assert tr.next_obs.tolist() == [[4.0, 5.0], [6.0, 7.0], [10.0, 11.0]]
@@ -216,9 +228,11 @@ def test_make_minari_mix_of_a_saved_policy_and_random(tmp_path):
     env = gym.make("CartPole-v1")
     build_policy("mlp", env.observation_space, env.action_space).save_pretrained(tmp_path / "p")
     _, summary = make_minari(
-        "CartPole-v1", minari_make.parse_mix([f"{tmp_path / 'p'}:2", "random:1"]), 3,
+        "CartPole-v1",
+        minari_make.parse_mix([f"{tmp_path / 'p'}:2", "random:1"]),
+        3,
         dataset_id="cartpole/mixed-v0",
-    )  # fmt: skip
+    )
     assert summary["episodes"] == 3 and set(summary["return_mean_by_policy"]) == {
         str(tmp_path / "p"),
         "random",
@@ -255,10 +269,15 @@ def _buffer(k: int, rewards: list[float], n_obs: int | None = None):
     t = len(rewards)
     n_obs = t + 1 if n_obs is None else n_obs
     return EpisodeBuffer(
-        id=k, seed=k, observations=np.zeros((n_obs, 4), np.float32),
-        actions=np.zeros(t, np.int64), rewards=rewards, terminations=[False] * t,
-        truncations=[False] * (t - 1) + [True] if t else [], infos={},
-    )  # fmt: skip
+        id=k,
+        seed=k,
+        observations=np.zeros((n_obs, 4), np.float32),
+        actions=np.zeros(t, np.int64),
+        rewards=rewards,
+        terminations=[False] * t,
+        truncations=[False] * (t - 1) + [True] if t else [],
+        infos={},
+    )
 
 
 def test_nan_rewards_name_the_episode_step_and_field():
@@ -462,12 +481,17 @@ def test_offline_to_online_reports_both_phases(tiny_config):
 def test_train_with_a_missing_dataset_is_a_one_line_error(tmp_path, capsys):
     code = main(
         [
-            "train", "model.name_or_path=mlp", "data.kind=minari",
-            "data.options={dataset_id: cartpole/absent-v0}", "rollout.episode=gym",
-            "rollout.group_size=1", "algorithm.name=bc", "sft.steps=0",
+            "train",
+            "model.name_or_path=mlp",
+            "data.kind=minari",
+            "data.options={dataset_id: cartpole/absent-v0}",
+            "rollout.episode=gym",
+            "rollout.group_size=1",
+            "algorithm.name=bc",
+            "sft.steps=0",
             f"run.output_dir={tmp_path / 'runs'}",
         ]
-    )  # fmt: skip
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: data.options.dataset_id='cartpole/absent-v0'")
     assert "MINARI_DATASETS_PATH" in err and len(err.strip().splitlines()) == 1

@@ -115,13 +115,19 @@ def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch)
     cfg = load_config(
         "examples/smoke.yaml",
         [
-            "runtime.placement=auto", "runtime.backend=process", "sft.steps=0",
+            "runtime.placement=auto",
+            "runtime.backend=process",
+            "sft.steps=0",
             # an untrained model's groups are all wrong: dynamic sampling would keep drawing
             "algorithm.dynamic_sampling=false",
-            "train.steps=6", "train.items_per_step=2", "eval.heldout_size=10",
-            f"run.output_dir={tmp_path}", "run.progress=false", "run.tensorboard=false",
+            "train.steps=6",
+            "train.items_per_step=2",
+            "eval.heldout_size=10",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.tensorboard=false",
         ],
-    )  # fmt: skip
+    )
     run_dir = train(cfg).run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
