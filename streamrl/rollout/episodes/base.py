@@ -13,6 +13,7 @@ Register a new kind with ``@register_episode("name")`` on a factory
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from streamrl.core.engine import InferenceEngine
@@ -37,6 +38,30 @@ class Episode(Protocol):
     ) -> Trajectory | None:
         """One episode of ``item``, its sampling fixed by ``seed``."""
         ...
+
+
+@dataclass
+class Trajectories:
+    """What an episode with several seats returns instead of one trajectory (a game the
+    policy plays against itself): one trajectory per seat the policy played, each with its
+    own token versions, and the episode's ``metrics``, counted once for the episode rather
+    than per seat. The item stays one group: the worker reports all of them in it.
+
+    An episode that ended without a usable trajectory (its environment failed) returns
+    none, with ``error``, the counted reason (``env_error:<kind>``); its metrics still
+    count, and the group goes on with the episodes that did not fail."""
+
+    trajectories: list[Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def __repr__(self) -> str:  # (asyncio formats finished tasks' results: keep it short)
+        return f"Trajectories({len(self.trajectories)} trajectories, error={self.error!r})"
+
+
+def episode_output(result: Any) -> Trajectories:
+    """An episode's result as :class:`Trajectories` (one sample: a list of one)."""
+    return result if isinstance(result, Trajectories) else Trajectories([result])
 
 
 @runtime_checkable
