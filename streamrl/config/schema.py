@@ -25,6 +25,7 @@ from streamrl.config.rollout import AgentConfig, RolloutConfig
 from streamrl.config.runtime import RuntimeConfig
 from streamrl.config.selection import SelectionConfig
 from streamrl.config.stages import ALoLConfig, DPOConfig, LRSchedule, SFTConfig, _Section
+from streamrl.config.tinker import TinkerConfig
 
 
 class ConfigError(ValueError):
@@ -410,6 +411,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    tinker: TinkerConfig = Field(default_factory=TinkerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     # checks that need the registries (reward, algorithm, episode names, the options of
     # task sources, models and rewards) run in preflight
