@@ -21,7 +21,7 @@ from tinker import types
 
 from streamrl.stream.endpoint.openai_format import EndpointError
 from streamrl.stream.endpoint.tinker import checkpoints as ck
-from streamrl.stream.endpoint.tinker.adapters import LoraSpec, load_adapter
+from streamrl.stream.endpoint.tinker.adapters import LoraSpec, adapter_state, load_adapter
 from streamrl.stream.endpoint.tinker.bases import BaseModels
 from streamrl.stream.endpoint.tinker.futures import Futures, Result, UserError
 from streamrl.stream.endpoint.tinker.runs import AdamStep, Run
@@ -181,16 +181,13 @@ class TinkerService:
         )
 
         def work() -> Result:
-            from streamrl.stream.endpoint.tinker.adapters import adapter_state
-
             if target is not None:
                 ck.save(target, run, optimizer=False, meta={"user_metadata": req.user_metadata})
                 return Result({"path": target.path, "type": "save_weights_for_sampler"})
             sampler_id = f"{session_id}:sample:{req.sampling_session_seq_id}"
-            self._bind(sampler_id, Snapshot(
-                f"{run.model_id}@{next(self._snap_ids)}", run.base, run.model_id,
-                run.spec, adapter_state(run.model),
-            ))  # fmt: skip
+            snap_id = f"{run.model_id}@{next(self._snap_ids)}"
+            adapter = adapter_state(run.model)
+            self._bind(sampler_id, Snapshot(snap_id, run.base, run.model_id, run.spec, adapter))
             return Result({"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
         return self._on_train(work, "save")
@@ -266,10 +263,9 @@ class TinkerService:
             raise EndpointError(404 if "no such" in str(e) else 400, str(e)) from None
         base = self.bases.get(req.base_model or loaded.meta["base_model"])
         engine_key = str(loaded.meta.get("model_id", req.model_path))
-        self._bind(sampler_id, Snapshot(
-            f"{req.model_path}@{loaded.meta.get('time')}", base, engine_key, loaded.spec,
-            loaded.adapter, req.model_path,
-        ))  # fmt: skip
+        snap_id = f"{req.model_path}@{loaded.meta.get('time')}"
+        snap = Snapshot(snap_id, base, engine_key, loaded.spec, loaded.adapter, req.model_path)
+        self._bind(sampler_id, snap)
         return sampler_id
 
     def sampler(self, sampler_id: str) -> Snapshot:
