@@ -8,7 +8,8 @@ that use them.
 - ``dpo.py``: preference losses (DPO, IPO) of the DPO stage; ``alol.py``: the A-LoL
   policy loss and its value baseline (offline stages).
 - ``policy_gradient.py`` (GRPO & co.), ``remax.py``, ``actor_critic.py`` (PPO with a
-  learned critic: GAE, V-trace): one file per algorithm; ``returns.py``: GAE, V-trace.
+  learned critic: GAE, V-trace), ``distill.py`` (on-policy distillation: a teacher's
+  per-token reverse KL): one file per algorithm; ``returns.py``: GAE, V-trace.
 - ``offline.py`` (bc, iql, td3_bc on logged and online transitions) with its pure
   losses in ``offline_losses.py``.
 """
@@ -16,6 +17,7 @@ that use them.
 from streamrl.algorithms import actor_critic as actor_critic  # registers gae, vtrace
 from streamrl.algorithms import advantages as advantages
 from streamrl.algorithms import alol as alol  # registers the alol policy loss
+from streamrl.algorithms import distill as distill  # registers distill
 from streamrl.algorithms import losses as losses
 from streamrl.algorithms import offline as offline  # registers bc, iql, td3_bc
 from streamrl.algorithms.advantages import broadcast_to_tokens, group_stats, whiten

@@ -102,12 +102,19 @@ class PolicyGradient(Algorithm):
         """(N,) sequence advantages; subclasses with more inputs override this."""
         return self.advantage_fn(batch.rewards, batch.item_index)
 
-    def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:
-        trajectories = [t for g in groups for t in g.trajectories]
+    def signal(
+        self, batch: Batch, trajectories: list[Trajectory], trainer: Any, timer: Timer
+    ) -> None:
+        """Fills ``batch.advantages`` (N, T): here the group's advantage of each sample
+        on every generated token; an algorithm with a per-token signal overrides this."""
         with timer("advantage"):
-            batch = Batch.collate(trajectories, pad_id=self.pad_id)
             adv = self.advantages(batch, trajectories) * selection_weights(trajectories)
             batch.advantages = broadcast_to_tokens(adv, batch.loss_mask)  # (N, T)
+
+    def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:
+        trajectories = [t for g in groups for t in g.trajectories]
+        batch = Batch.collate(trajectories, pad_id=self.pad_id)
+        self.signal(batch, trajectories, trainer, timer)
         if self.reference is not None:
             with timer("ref_logprob"):
                 batch.ref_logprobs = trainer.compute_logprobs(batch, model=self.reference)

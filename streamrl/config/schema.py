@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 
+from streamrl.config.distill import DistillConfig
+
 # sections in their own modules: runtime, prompt selection, pre-RL stages (and the base)
 from streamrl.config.options import check_path_component
 from streamrl.config.plugins import PluginError, check_module_name, import_plugins
@@ -124,7 +126,7 @@ class RewardConfig(_Section):
 class AlgorithmConfig(_Section):
     advantage: str = Field(
         "grpo",
-        description="grpo | dr_grpo | rloo | reinforce_pp | remax | gae | vtrace; on "
+        description="grpo | dr_grpo | rloo | reinforce_pp | remax | gae | vtrace | distill; on "
         "transitions (offline data, environments): bc | iql | td3_bc ...",
     )
     policy_loss: str = Field("ppo_clip", description="ppo_clip | gspo | cispo")
@@ -222,6 +224,10 @@ class AlgorithmConfig(_Section):
     q_hidden: list[int] = Field(
         default_factory=lambda: [256, 256],
         description="iql, td3_bc: hidden layer sizes of each Q-network (ReLU MLPs).",
+    )
+    distill: DistillConfig = Field(
+        default_factory=DistillConfig,
+        description="distill: on-policy distillation's teachers and signal (algorithm.distill.*).",
     )
 
 
