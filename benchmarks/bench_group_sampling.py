@@ -21,6 +21,7 @@ draws reach it where an item's samples share the context at which they go wrong.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import sampling_params
 from streamrl.rollout.rewards import build_reward
-from streamrl.rollout.worker import group_draws
+from streamrl.rollout.selection import draws_named
 from streamrl.sources import build_task_source
 
 
@@ -44,14 +45,19 @@ def outcomes(engine, tokenizer, cfg, items, repeats: int, stratified: bool) -> n
         sampling_params(cfg, tokenizer),
         build_reward(cfg.reward),
     )
-    requests = [
-        GenerationRequest(encode_prompt(tokenizer, item), params, seed, stratum=stratum)
+    draws = draws_named("stratified" if stratified else "independent")
+    members = [
+        (view, GenerationRequest(encode_prompt(tokenizer, item), params, seed))
         for i, item in enumerate(items)
         for r in range(repeats)
-        for seed, stratum in group_draws(r, i, g, stratified)
+        for view, seed in draws(engine, r, i, g)
     ]
+
+    async def generate() -> list:  # every request in flight at once: batched together
+        return await asyncio.gather(*(view.agenerate(req) for view, req in members))
+
     scores = []
-    for k, res in enumerate(engine.generate(requests)):
+    for k, res in enumerate(asyncio.run(generate())):
         text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
         scored = reward(text, items[k // (repeats * g)])
         scores.append(float((scored.components[cfg.reward.correct_reward] or 0.0) > 0.5))

@@ -1,6 +1,6 @@
 """streamrl's offline BC and IQL against d3rlpy's, on the same locally made Minari data.
 
-    # the datasets (see README: Offline RL); then, with nothing else on the machine:
+    # the datasets (see docs/offline.md); then, with nothing else on the machine:
     PYTHONPATH=.:/tmp/d3rlpy_pkgs python benchmarks/bench_offline.py \\
         --dataset cartpole/medium-v0 --algos bc --seeds 0 1 2 3 4 --steps 5000
     PYTHONPATH=.:/tmp/d3rlpy_pkgs python benchmarks/bench_offline.py \\

@@ -57,7 +57,7 @@ from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import sampling_params
 from streamrl.rollout.rewards import build_reward
-from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.rollout.selection.gate import LikelihoodGate
 from streamrl.sources import build_task_source
 
 KEEP = (1.0, 0.8, 0.5, 0.3, 0.2)

@@ -38,7 +38,7 @@ from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.models.tokenizer import encode_prompt, reference_ids
 from streamrl.rollout.episodes import sampling_params
-from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.rollout.selection.gate import LikelihoodGate
 from streamrl.sources import build_task_source
 
 

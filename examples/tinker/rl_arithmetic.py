@@ -22,9 +22,8 @@ import argparse
 import asyncio
 import os
 
+from sl_basic import served_model  # the sibling example
 from tinker_cookbook.recipes.math_rl.train import CLIConfig, cli_main
-
-from sl_basic import served_model  # noqa: I001 (the sibling example)
 
 
 def main() -> None:

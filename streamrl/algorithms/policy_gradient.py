@@ -34,10 +34,10 @@ def zero_variance(trajectories: list[Trajectory]) -> bool:
     return len(rewards) > 1 and max(rewards) == min(rewards)
 
 
-def selection_weights(trajectories: list[Trajectory]) -> torch.Tensor:
-    """(N,) the likelihood gate's importance weights (``selection.acceptance=importance``;
-    1 for an unweighted sample), normalised to mean 1 over the batch (self-normalised
-    importance sampling: the step size stays that of an unweighted batch)."""
+def sample_weights(trajectories: list[Trajectory]) -> torch.Tensor:
+    """(N,) each sample's weight (``WEIGHT_KEY`` in its metadata, 1 where absent),
+    normalised to mean 1 over the batch (self-normalised importance sampling: the step
+    size stays that of an unweighted batch)."""
     w = torch.tensor([float(t.metadata.get(WEIGHT_KEY, 1.0)) for t in trajectories])
     return w / w.mean()
 
@@ -108,7 +108,7 @@ class PolicyGradient(Algorithm):
         """Fills ``batch.advantages`` (N, T): here the group's advantage of each sample
         on every generated token; an algorithm with a per-token signal overrides this."""
         with timer("advantage"):
-            adv = self.advantages(batch, trajectories) * selection_weights(trajectories)
+            adv = self.advantages(batch, trajectories) * sample_weights(trajectories)
             batch.advantages = broadcast_to_tokens(adv, batch.loss_mask)  # (N, T)
 
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:

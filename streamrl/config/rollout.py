@@ -44,9 +44,10 @@ class RolloutConfig(_Section):
         "(training and evaluation alike).",
     )
     group_size: int = Field(8, ge=1, description="Completions sampled per prompt (GRPO group).")
-    group_sampling: Literal["independent", "stratified"] = Field(
+    group_sampling: str = Field(
         "independent",
-        description="How a group's samples draw their tokens. 'stratified': the members "
+        description="Registered draw rule: how a group's samples draw their tokens. "
+        "'independent': a seed per sample. 'stratified': the members "
         "that share a context (the prompt, then each common prefix) share its uniforms, "
         "member j of G shifted by j/G, and draw independently once their contexts differ. "
         "Each sample is still an exact draw from the policy, but a shared context's draws "

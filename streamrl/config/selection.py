@@ -16,9 +16,10 @@ class SelectionConfig(_Section):
     Beta-Bernoulli posterior over each prompt's success rate, keyed by the item id, or the
     policy's own probability of the reference answer."""
 
-    kind: Literal["none", "posterior", "likelihood"] = Field(
+    kind: str = Field(
         "none",
-        description="'none': issue every drawn item; 'posterior': skip (never issue) an item "
+        description="Registered group sampler (a plugin may add one). "
+        "'none': issue every drawn item; 'posterior': skip (never issue) an item "
         "when its posterior P(all group_size outcomes equal) exceeds selection.threshold; "
         "'likelihood': before generating a group, score the reference answer under the current "
         "policy (p) and skip the item when p^G, a lower bound on P(all G correct), exceeds "

@@ -6,9 +6,8 @@ and Ray's object store, and a reader matches on the type, never on a position.
 Commands (pool -> worker)::
 
     StartItems(items)    one group of ``group_size`` episodes per item (with
-                         ``alternates``, more candidates per item for the gate)
-    ScoreAhead(batch, items)  the likelihood gate decides for items not yet issued
-                         (``selection.score_ahead``, sent to an idle worker)
+                         ``plans``, what the run's group sampler says of each)
+    SamplerWork(payload) work of the group sampler's for an idle worker
     Pause() / Resume()   colocated placement: stop / restart decoding
     Stop()               cancel everything and return
 
@@ -17,17 +16,17 @@ Reports (worker -> pool)::
     VersionReport        the engine's weight version (also the heartbeat)
     GroupDone            an item's usable group of trajectories
     GroupRejected        an item that will not be consumed, with outcome and reason
-    ScoredAhead          what the gate decided for a ``ScoreAhead`` batch
+    SamplerResult        the group sampler's answer to a ``SamplerWork``
     WorkerCrashed        the worker loop died (traceback); the backend replaces it
 
 Every item a worker receives is reported exactly once, as ``GroupDone`` or
 ``GroupRejected``. ``reward_sum / scored`` is the reward of every scored sample,
 before any filtering (dynamic sampling biases consumed batches towards mixed groups).
 ``episode_metrics`` sums per-episode counters (turns, tool calls, ...) over the group;
-``rewards`` are the ``group_size`` samples' rewards (what prompt selection learns from).
-With ``selection.kind=likelihood``, ``gate`` gives what became of each of the item's
-candidates (``chosen``, ``failed``, ``spare`` or a skip reason) and ``spares`` the
-candidates handed back to the pool (never lost).
+``rewards`` are the ``group_size`` samples' rewards (what a group sampler may learn from),
+and ``feedback`` what the worker's side of the group sampler tells its pool's side of the
+item (:mod:`streamrl.rollout.selection`). Plans, payloads and feedback are the sampler's
+own picklable data: the pool and the worker pass them on unread.
 """
 
 from __future__ import annotations
@@ -43,21 +42,17 @@ from streamrl.core.types import Item, Trajectory
 @dataclass(frozen=True)
 class StartItems:
     items: tuple[Item, ...]
-    # selection.kind=likelihood: further candidates for each item (same order, unissued),
-    # and the indices of items to generate without the gate (selection/forced)
-    alternates: tuple[tuple[Item, ...], ...] = ()
-    forced: tuple[int, ...] = ()
+    plans: tuple[Any, ...] = ()  # the group sampler's plan of each item (none: all None)
 
-    def candidates(self) -> list[list[Item]]:
-        """Each item's candidates, the item first."""
-        more = self.alternates or ((),) * len(self.items)
-        return [[item, *alt] for item, alt in zip(self.items, more, strict=True)]
+    def planned(self) -> list[tuple[Item, Any]]:
+        """Each item with its plan."""
+        plans = self.plans or (None,) * len(self.items)
+        return list(zip(self.items, plans, strict=True))
 
 
 @dataclass(frozen=True)
-class ScoreAhead:
-    batch: int  # matches the report to the command (a replaced worker's is ignored)
-    items: tuple[Item, ...]
+class SamplerWork:
+    payload: Any
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,7 @@ class Stop:
     pass
 
 
-Command = StartItems | ScoreAhead | Pause | Resume | Stop
+Command = StartItems | SamplerWork | Pause | Resume | Stop
 
 # ------------------------------------------------------------------ reports
 
@@ -93,9 +88,8 @@ class GroupDone:
     reward_sum: float
     scored: int
     episode_metrics: dict[str, float] = field(default_factory=dict)
-    rewards: tuple[float, ...] = ()  # each sample's reward, for prompt selection
-    gate: tuple[str, ...] = ()  # the likelihood gate: each candidate's outcome
-    spares: tuple[Item, ...] = ()  # candidates handed back to the pool
+    rewards: tuple[float, ...] = ()  # each sample's reward, for the group sampler
+    feedback: Any = None  # the group sampler's worker side to its pool side
 
 
 @dataclass(frozen=True)
@@ -107,18 +101,13 @@ class GroupRejected:
     reward_sum: float = 0.0
     scored: int = 0
     episode_metrics: dict[str, float] = field(default_factory=dict)
-    rewards: tuple[float, ...] = ()  # each sample's reward when scored (prompt selection)
-    gate: tuple[str, ...] = ()
-    spares: tuple[Item, ...] = ()
+    rewards: tuple[float, ...] = ()  # each sample's reward when scored
+    feedback: Any = None
 
 
 @dataclass(frozen=True)
-class ScoredAhead:
-    batch: int
-    version: int  # the engine's weight version when scoring began
-    outcomes: tuple[str, ...]  # each item's: accepted, spare (not scored) or a skip reason
-    accepted: tuple[Item, ...]
-    unscored: tuple[Item, ...]  # scoring raised: scored again when issued
+class SamplerResult:
+    payload: Any
 
 
 @dataclass(frozen=True)
@@ -126,7 +115,7 @@ class WorkerCrashed:
     traceback: str
 
 
-Report = VersionReport | GroupDone | GroupRejected | ScoredAhead | WorkerCrashed
+Report = VersionReport | GroupDone | GroupRejected | SamplerResult | WorkerCrashed
 
 
 def describe(message: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 #: an item's (and its samples') metadata key for an importance weight that scales the
-#: sample's advantage: set by prompt selection (selection.acceptance=importance), read by
+#: sample's advantage: set by whoever issued the item (a group sampler), read by
 #: the policy-gradient update and the step metrics
 WEIGHT_KEY = "selection_weight"
 

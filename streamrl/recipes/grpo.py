@@ -41,6 +41,7 @@ from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.rewards import build_reward
+from streamrl.rollout.selection import GroupSampler, draws_named
 from streamrl.rollout.worker import rollout_group
 from streamrl.sources import build_task_source
 from streamrl.stream.sample_stream import Group
@@ -113,6 +114,8 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
     )
     items = source.train_iter(cfg.seed)
     issued = 0  # the item index: it fixes the item's sampling seeds
+    # every item is issued; its group is drawn as rollout.group_sampling says
+    sampler = GroupSampler(draws_named(cfg.rollout.group_sampling))
     for step in range(1, t.steps + 1):
         # (a) Generate: roll out items until items_per_step groups carry a signal.
         # A group whose rewards are all equal has zero advantage everywhere; the
@@ -133,7 +136,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
                             it,
                             cfg.rollout.group_size,
                             cfg.seed,
-                            stratified=cfg.rollout.group_sampling == "stratified",
+                            sampler,
                         )
                         for it in wave
                     )

@@ -10,7 +10,9 @@ One item becomes one group: ``group_size`` sampled episodes plus the extra
 rollouts the algorithm asks for (ReMax's greedy baseline). Every item the worker
 receives is reported exactly once: ``GroupDone`` when usable, ``GroupRejected``
 with a counted reason otherwise (an episode that raised or was rejected, a
-reward failure, or the algorithm's filter such as dynamic sampling).
+reward failure, or the algorithm's filter such as dynamic sampling). The run's group
+sampler (:mod:`streamrl.rollout.selection`) decides how each group is drawn, and does
+the work the pool hands an idle worker for it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import asyncio
 import dataclasses
 import queue
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -33,39 +34,21 @@ from streamrl.core.messages import (
     Pause,
     Report,
     Resume,
-    ScoreAhead,
-    ScoredAhead,
+    SamplerResult,
+    SamplerWork,
     StartItems,
     Stop,
     VersionReport,
 )
 from streamrl.core.types import WEIGHT_KEY, Item, Trajectory
 from streamrl.rollout.episodes import Episode, PromptTooLong
-from streamrl.rollout.rewards import describe_error
-from streamrl.rollout.selection.likelihood import LikelihoodGate
+from streamrl.rollout.reports import failed_report
+from streamrl.rollout.seeds import sampling_seed as sampling_seed  # (the endpoint's import)
+from streamrl.rollout.selection.base import GroupSampler
 
 Emit = Callable[[Report], None]
 
 HEARTBEAT_S = 1.0
-
-
-def sampling_seed(run_seed: int, item_index: int, sample: int) -> int:
-    """Per-request sampling seed: fixed by (run seed, item, sample), not by timing."""
-    return ((run_seed * 1_000_003 + item_index) * 1_009 + sample) % (2**62)
-
-
-def group_draws(
-    run_seed: int, item_index: int, group_size: int, stratified: bool
-) -> list[tuple[int, tuple[int, int] | None]]:
-    """(seed, stratum) of each sample of a group. Independent: a seed per sample.
-    Stratified (rollout.group_sampling): one seed, and member j of G shifts its uniforms
-    by j/G, so each sample is still an exact draw from the policy while the draws of the
-    members that share a context are spread evenly over its distribution
-    (GenerationRequest.stratum)."""
-    if not stratified:
-        return [(sampling_seed(run_seed, item_index, j), None) for j in range(group_size)]
-    seed = sampling_seed(run_seed, item_index, 0)
-    return [(seed, (j, group_size)) for j in range(group_size)]
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
@@ -91,12 +74,11 @@ class RolloutWorker:
         *,
         group_size: int,
         seed: int,
-        gate: LikelihoodGate | None = None,
-        stratified: bool = False,
+        sampler: GroupSampler | None = None,
     ) -> None:
         self.engine, self.episode, self.algorithm, self.emit = engine, episode, algorithm, emit
-        self.group_size, self.seed, self.gate = group_size, seed, gate
-        self.stratified = stratified
+        self.group_size, self.seed = group_size, seed
+        self.sampler = sampler if sampler is not None else GroupSampler()
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
 
     async def run(self, on_tick: Callable[[], None] | None = None) -> None:
@@ -128,8 +110,8 @@ class RolloutWorker:
                         # create every group before yielding to the loop, so the engine
                         # sees the whole wave at once (deterministic batching)
                         tasks.update(asyncio.create_task(g) for g in self.groups(cmd))
-                    elif isinstance(cmd, ScoreAhead):
-                        tasks.add(asyncio.create_task(self._score_ahead(cmd)))
+                    elif isinstance(cmd, SamplerWork):
+                        tasks.add(asyncio.create_task(self._work(cmd)))
                     else:
                         raise TypeError(f"unknown rollout worker command {cmd!r}")
                 if tasks:
@@ -148,34 +130,28 @@ class RolloutWorker:
 
     def groups(self, cmd: StartItems) -> list[Coroutine[Any, Any, None]]:
         """One coroutine per item of ``cmd``, each reporting its group through ``emit``."""
-        return [self._run_group(c, c[0].index not in cmd.forced) for c in cmd.candidates()]
+        return [self._run_group(item, plan) for item, plan in cmd.planned()]
 
-    async def _run_group(self, candidates: list[Item], gated: bool = True) -> None:
-        item, alternates = candidates[0], candidates[1:]
+    async def _run_group(self, item: Item, plan: Any) -> None:
         report = await rollout_group(
-            self.engine, self.episode, self.algorithm, item, self.group_size, self.seed,
-            self.gate if gated else None, alternates, stratified=self.stratified,
-        )  # fmt: skip
+            self.engine,
+            self.episode,
+            self.algorithm,
+            item,
+            self.group_size,
+            self.seed,
+            self.sampler,
+            plan,
+        )
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)
 
-    async def _score_ahead(self, cmd: ScoreAhead) -> None:
-        if self.gate is None:
-            raise TypeError("ScoreAhead needs the likelihood gate (selection.kind=likelihood)")
-        version = self.engine.version
+    async def _work(self, cmd: SamplerWork) -> None:
         try:
-            outcomes, accepted, unscored = await self.gate.score_ahead(self.engine, list(cmd.items))
+            result = await self.sampler.work(self.engine, cmd.payload)
         except asyncio.CancelledError:
-            return  # shutting down: the pool keeps the batch's items
-        report = ScoredAhead(cmd.batch, version, tuple(outcomes), tuple(accepted), tuple(unscored))
-        self.emit(report)
-
-
-def _failed(index: int, kind: str, error: BaseException) -> GroupRejected:
-    """A failed item whose detail is a one-line summary first (what the console and
-    errors quote), then the traceback."""
-    detail = describe_error(error) + "\n" + "".join(traceback.format_exception(error)).strip()
-    return GroupRejected(index, "failed", f"{kind}:{type(error).__name__}", detail)
+            return  # shutting down: the pool's side keeps what it handed out
+        self.emit(SamplerResult(result))
 
 
 async def rollout_group(
@@ -185,29 +161,20 @@ async def rollout_group(
     item: Item,
     group_size: int,
     seed: int,
-    gate: LikelihoodGate | None = None,
-    alternates: list[Item] | tuple[Item, ...] = (),
-    *,
-    stratified: bool = False,
+    sampler: GroupSampler | None = None,
+    plan: Any = None,
 ) -> GroupDone | GroupRejected | None:
     """Roll one item out ``group_size`` times (plus the algorithm's extra rollouts),
-    score it and judge it; None if cancelled. Every other outcome is a report. A
-    ``gate`` (``selection.kind=likelihood``) first scores the item and its
-    ``alternates`` and generates the first candidate it accepts, as ``item.index``.
-    ``stratified``: the group's draws are stratified (:func:`group_draws`)."""
-    if gate is None:
-        return await _rollout(engine, episode, algorithm, item, group_size, seed, stratified)
-    try:
-        choice = await gate.choose(engine, item.index, [item, *alternates])
-    except asyncio.CancelledError:
-        return None
-    told = {"gate": tuple(choice.outcomes), "spares": tuple(choice.spares)}
-    if choice.error is not None:  # a scoring failure is recorded, like an episode's
-        return dataclasses.replace(_failed(item.index, "selection_error", choice.error), **told)
-    if choice.item is None:
-        return GroupRejected(item.index, "filtered", choice.reason, choice.detail, **told)
-    report = await _rollout(engine, episode, algorithm, choice.item, group_size, seed, stratified)
-    return None if report is None else dataclasses.replace(report, **told)
+    score it and judge it; None if cancelled. Every other outcome is a report. The
+    ``sampler`` (the plain one by default) decides with the item's ``plan`` which item
+    is rolled out after all, and how its samples are drawn."""
+    sampler = sampler if sampler is not None else GroupSampler()
+
+    async def roll(chosen: Item) -> GroupDone | GroupRejected | None:
+        draws = sampler.group(engine, chosen, group_size, seed)
+        return await _rollout(engine, episode, algorithm, chosen, draws, group_size)
+
+    return await sampler.rollout(engine, item, plan, roll)
 
 
 async def _rollout(
@@ -215,15 +182,12 @@ async def _rollout(
     episode: Episode,
     algorithm: Algorithm,
     item: Item,
+    draws: list[tuple[InferenceEngine, int]],
     group_size: int,
-    seed: int,
-    stratified: bool = False,
 ) -> GroupDone | GroupRejected | None:
-    """The group of ``item``, generated, scored and judged (None: cancelled)."""
-    draws = group_draws(seed, item.index, group_size, stratified)
-    coros = [
-        episode(engine, item, s, stratum=j) if j else episode(engine, item, s) for s, j in draws
-    ]
+    """The group of ``item``, each sample drawn on its (engine view, seed), generated,
+    scored and judged (None: cancelled)."""
+    coros = [episode(view, item, s) for view, s in draws]
     coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
     results = await asyncio.gather(*coros, return_exceptions=True)
     if any(isinstance(r, asyncio.CancelledError) for r in results):
@@ -233,11 +197,11 @@ async def _rollout(
         if isinstance(r, PromptTooLong):  # the item cannot be rolled out: filtered
             return GroupRejected(index, "filtered", r.reason, str(r))
         if isinstance(r, BaseException):
-            return _failed(index, "episode_error", r)
+            return failed_report(index, "episode_error", r)
     if any(r is None for r in results):
         return GroupRejected(index, "filtered", "episode_rejected")
     trajectories: list[Trajectory] = list(results)
-    # a mixture's domain and correct reward, for per-domain metrics; the gate's weight
+    # a mixture's domain and correct reward, for per-domain metrics; the sample's weight
     for t in trajectories:
         for key in ("domain", "correct_reward", WEIGHT_KEY):
             if key in item.metadata:

@@ -12,25 +12,25 @@ import functools
 import itertools
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from streamrl.algorithms import Algorithm, PolicyGradient, algorithm_class, build_algorithm
+from streamrl.algorithms import Algorithm, build_algorithm
 from streamrl.algorithms.stages.alol import positive_advantages
 from streamrl.algorithms.stages.base import encode_logged
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.config.schema import Config, source_of
 from streamrl.core.types import Item
-from streamrl.engines.inference.sampling import is_raw
 from streamrl.models.loading import check_model_source, load_tokenizer
 from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
 from streamrl.rollout.rewards import CompositeReward, build_reward, reward_names, reward_options
-from streamrl.rollout.selection.posterior import all_equal_probability
+from streamrl.rollout.selection import UnknownKind, check_draws, check_sampler
 from streamrl.sources import (
     DATA_OPTIONS,
     TaskSource,
@@ -227,25 +227,8 @@ def check_batch_invariant(cfg: Config) -> None:
 
 
 def check_group_sampling(cfg: Config) -> None:
-    """rollout.group_sampling=stratified: the built-in engine's counter noise, on a
-    language-model episode."""
-    if cfg.rollout.group_sampling == "independent":
-        return
-    if cfg.rollout.engine != "local":
-        raise PreflightError(
-            f"rollout.group_sampling=stratified shifts the built-in engine's noise; "
-            f"rollout.engine={cfg.rollout.engine} draws its own"
-        )
-    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
-        raise PreflightError(
-            "rollout.group_sampling=stratified applies to language-model episodes, "
-            "not environment policies"
-        )
-    if cfg.endpoint.enabled:
-        raise PreflightError(
-            "rollout.group_sampling=stratified stratifies the groups of rollout workers; "
-            "with endpoint.enabled=true external agents make their own requests"
-        )
+    """``rollout.group_sampling`` names a registered draw rule that fits the run."""
+    _sampler_check(check_draws, cfg)
 
 
 def check_vllm_engine(cfg: Config) -> None:
@@ -261,14 +244,6 @@ def check_vllm_engine(cfg: Config) -> None:
     ):
         if value != default:
             raise PreflightError(f"{key}={value} applies to the built-in engine, not vllm")
-    r = cfg.rollout
-    if cfg.selection.kind == "likelihood" and not is_raw(r.temperature, r.top_k, r.top_p):
-        raise PreflightError(
-            "selection.kind=likelihood with rollout.engine=vllm scores the reference with "
-            "vLLM's prompt log-probs, which are raw: it needs rollout.temperature=1 (or 0), "
-            f"top_k=0 and top_p=1, not temperature={r.temperature}, top_k={r.top_k}, "
-            f"top_p={r.top_p}"
-        )
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -386,54 +361,18 @@ def check_prompt_lengths(
 
 
 def check_selection(cfg: Config) -> None:
-    """Prompt selection's threshold lies above the prior's own P(all equal): otherwise a
-    prompt seen once could never come back, however far its evidence decayed."""
-    sel = cfg.selection
-    if sel.skip_all_wrong and sel.kind != "likelihood":
-        raise PreflightError(
-            f"selection.skip_all_wrong=true needs selection.kind=likelihood (got {sel.kind!r}): "
-            "only the likelihood gate predicts all-wrong groups"
-        )
-    if sel.acceptance == "importance" and sel.kind != "likelihood":
-        raise PreflightError(
-            f"selection.acceptance=importance needs selection.kind=likelihood (got "
-            f"{sel.kind!r}): only the likelihood gate accepts items at random"
-        )
-    if sel.kind == "none":
-        return
-    if cfg.endpoint.enabled:
-        raise PreflightError(
-            f"selection.kind={sel.kind} needs a task source, but endpoint.enabled=true: "
-            "external agents bring their own prompts; set selection.kind=none"
-        )
-    if sel.kind == "likelihood":
-        if cfg.rollout.episode != "single_turn":
-            raise PreflightError(
-                f"selection.kind=likelihood scores one reference completion per item, so it "
-                f"needs rollout.episode=single_turn (got {cfg.rollout.episode!r})"
-            )
-        if cfg.rollout.ignore_eos:
-            raise PreflightError(
-                "selection.kind=likelihood scores the reference answer up to its EOS, but "
-                "rollout.ignore_eos=true samples past EOS, so the score would not bound the "
-                "success rate; set rollout.ignore_eos=false or selection.kind=none"
-            )
-        if sel.acceptance == "importance" and not issubclass(
-            algorithm_class(cfg.algorithm.advantage), PolicyGradient
-        ):
-            raise PreflightError(
-                "selection.acceptance=importance weights the advantages of a policy-gradient "
-                f"update, but algorithm.advantage={cfg.algorithm.advantage} is not one"
-            )
-        return
-    g = cfg.rollout.group_size
-    prior = all_equal_probability(sel.prior_alpha, sel.prior_beta, g)
-    if sel.threshold <= prior:
-        raise PreflightError(
-            f"selection.threshold={sel.threshold} must be above {prior:.4f}, the prior "
-            f"Beta({sel.prior_alpha}, {sel.prior_beta})'s P(all {g} samples equal) "
-            "(rollout.group_size): a skipped prompt could never come back"
-        )
+    """``selection.kind`` names a registered group sampler, and the sampler's own check
+    passes (:func:`streamrl.rollout.selection.check_sampler`)."""
+    _sampler_check(check_sampler, cfg)
+
+
+def _sampler_check(check: Callable[[Config], None], cfg: Config) -> None:
+    try:
+        check(cfg)
+    except UnknownKind as e:
+        raise PreflightError(f"{source_of(cfg).where(e.key)}: {e}") from None
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
 
 
 def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:

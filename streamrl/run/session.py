@@ -48,7 +48,7 @@ from streamrl.engines.factory import batch_invariant, is_policy, make_train_engi
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
-from streamrl.rollout.selection.posterior import pool_selection
+from streamrl.rollout.selection import build_sampler
 from streamrl.run.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from streamrl.run.lock import run_lock
 from streamrl.run.preflight import Inputs, preflight
@@ -482,7 +482,7 @@ class Session:
             max_consecutive_failures=cfg.rollout.max_consecutive_failures,
             max_dropped_in_a_row=cfg.algorithm.max_dropped_in_a_row,
             logger=self.run.log,
-            **pool_selection(cfg),
+            sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed),
         )
 
     def rl_loop(

@@ -3,8 +3,8 @@
 A row of ``metrics.jsonl`` holds: the trainer's loss diagnostics; the batch's
 reward, accuracy and response length; staleness (min/mean/max and the count of
 groups at each lag); tokens carried across weight updates; stage times
-``time/*``; the stream's accounting ``stream/*``; prompt selection's ``selection/*``
-(items skipped before issue); the rollout side's mean reward
+``time/*``; the stream's accounting ``stream/*``; the group sampler's own counters
+and its metrics of the batch; the rollout side's mean reward
 over every scored sample and summed per-episode counters; weight publish and
 sync times; and throughput.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from streamrl.analysis.evaluate import is_correct
 from streamrl.core.transitions import Transitions
-from streamrl.core.types import WEIGHT_KEY, Batch, Segment
+from streamrl.core.types import Batch, Segment
 from streamrl.sources import item_correct_reward, item_domain
 from streamrl.stream.books import PoolBooks
 from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, staleness_metrics
@@ -54,7 +54,8 @@ class StepMetrics:
         m.update(staleness_metrics(groups, step - 1))  # the version that consumed the batch
         m.update(timings)
         m.update(stream.stats.as_metrics())
-        m.update(pool.selection_metrics())
+        m.update(pool.sampler.metrics())
+        m.update(pool.sampler.batch_metrics(trajectories))
         m.update(pool.pop_rollout_stats())
         engines = pool.total_engine_stats()
         m["rollout/engine_steps"] = float(sum(v for k, v in engines.items() if k in ENGINE_WORK))
@@ -117,10 +118,6 @@ class StepMetrics:
         m.update({f"accuracy/{d}": sum(v) / len(v) for d, v in by_domain.items()})
         m.update(carried)
         m["rollout/carried_tokens_total"] = self.carried
-        weights = [float(t.metadata[WEIGHT_KEY]) for t in trajectories if WEIGHT_KEY in t.metadata]
-        if weights:  # selection.acceptance=importance: before the batch's normalisation
-            m["selection/weight_mean"] = sum(weights) / len(weights)
-            m["selection/weight_max"] = max(weights)
         m["tokens_per_s"] = self.tokens / elapsed
         m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
         return m
@@ -156,7 +153,7 @@ class StepMetrics:
             "rl_wait_batch_s": self.waited,
             "engine": pool.total_engine_stats(),
             **stream.stats.as_metrics(),
-            **pool.selection_metrics(),
+            **pool.sampler.metrics(),
         }
         for key, values in (
             ("weight_sync_latency_s_mean", list(pool.sync_latency.values())),

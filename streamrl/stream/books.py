@@ -3,10 +3,12 @@ episodes (rollout workers, or external agents through the HTTP endpoint).
 
 The controller talks to a pool through this interface: ``publish`` weights and time
 them (``publish_s``; ``sync_latency`` until every engine runs the version), ``hold``
-admission, ``drive_engines`` (lend the trainer's thread), ``raise_if_failed``, and
-per-step rollout statistics (``pop_rollout_stats``). The bookkeeping the trainer thread touches sits under a
-small lock that is never held for long, so the trainer never waits for a pump
-iteration (on a one-core trainer that can be a scheduling slice or more).
+admission, ``drive_engines`` (lend the trainer's thread), ``raise_if_failed``,
+per-step rollout statistics (``pop_rollout_stats``), and the run's group ``sampler``
+(its counters; the plain sampler where the pool issues no items of its own). The
+bookkeeping the trainer thread touches sits under a small lock that is never held for
+long, so the trainer never waits for a pump iteration (on a one-core trainer that can be
+a scheduling slice or more).
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ import torch
 
 from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.core.messages import GroupDone, GroupRejected
-from streamrl.rollout.selection.likelihood import CandidateBudget
-from streamrl.rollout.selection.posterior import PromptSelector
+from streamrl.rollout.selection.base import GroupSampler
 
 START_TIMEOUT_S = 180.0  # silence allowed before a (re)started worker's first report
 
@@ -53,8 +54,7 @@ class PoolBooks:
         self._reward_sum, self._reward_n = 0.0, 0
         self._equal_groups, self._equal_reward = 0, 0.0  # dropped for equal rewards, the run's
         self._episode_metrics: Counter[str] = Counter()  # summed episode metrics
-        self.selector: PromptSelector | None = None  # prompt selection, where items are drawn
-        self.candidates: CandidateBudget | None = None  # the likelihood gate's counters
+        self.sampler = GroupSampler()  # which items are issued (the rollout pool sets it)
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -96,12 +96,6 @@ class PoolBooks:
                 self._equal_groups += 1
                 self._equal_reward += msg.reward_sum / msg.scored
 
-    def selection_metrics(self) -> dict[str, float]:
-        """``selection/*`` counters of prompt selection (none without one)."""
-        if self.candidates is not None:
-            return self.candidates.metrics()
-        return self.selector.metrics() if self.selector is not None else {}
-
     def total_engine_stats(self) -> dict[str, float]:
         """The inference engines' counters, summed."""
         raise NotImplementedError
@@ -112,7 +106,7 @@ class PoolBooks:
         ``tools/errors/<kind>``, ...; an episode that did not report one counts 0). Over
         the whole run: ``rollout/equal_reward_groups_reward_mean``, the mean reward of the
         groups dropped for equal rewards (0/1 rewards: the share that were all correct;
-        prompt selection can only predict those, see ``selection.*``)."""
+        a group sampler may predict those)."""
         with self._stats_lock:
             total, n = self._reward_sum, self._reward_n
             equal_n, equal_reward = self._equal_groups, self._equal_reward

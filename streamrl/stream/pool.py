@@ -16,17 +16,12 @@ episodes keep failing (a broken reward, a bad data file) stops after
 ``max_consecutive_failures`` failed items in a row with an error quoting the first
 failure; failures also reach the console, at most one line per ``WARN_EVERY_S``.
 
-Prompt selection (``selector``, :mod:`streamrl.rollout.selection.posterior`) sits where items are
-drawn for issue: a skipped item is drawn from the task source (it counts in ``drawn``,
-the source's position) but never gets an index, so it is never issued and the stream's
-books do not see it. Every backend and a resume share this one path. The likelihood
-gate (``candidates``, :mod:`streamrl.rollout.selection.likelihood`) also starts here: each
-issued item goes out with further candidates drawn for it, and the candidates a worker
-hands back (spares) are drawn again, before the task source, once the trainer has
-published the next weight version. With ``score_ahead`` (at η >= 1), a worker that has
-nothing left to generate (the stream admits nothing more until the trainer consumes)
-scores fresh candidates ahead instead of idling; the accepted ones are issued first,
-without scoring again, while their decision is at most ``score_ahead`` versions old.
+The run's group sampler (``sampler``, :mod:`streamrl.rollout.selection`) sits where
+items are issued: it picks the item for each admitted index (an item it draws from the
+task source counts in ``drawn``, the source's position, whether it is issued or not),
+gives each its plan for the worker, learns from each ended item, may hand an idle
+worker work of its own, and keeps its state in the checkpoints. Every backend and a
+resume share this one path.
 
 Weight publication is timed twice: ``publish_s`` is what the trainer spends
 making the weights available; ``latency_s`` runs until every live worker has
@@ -41,7 +36,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 
 import torch
@@ -54,16 +48,15 @@ from streamrl.core.messages import (
     Pause,
     Report,
     Resume,
-    ScoreAhead,
-    ScoredAhead,
+    SamplerResult,
+    SamplerWork,
     StartItems,
     Stop,
     VersionReport,
 )
 from streamrl.core.types import Item
 from streamrl.rollout.episodes.base import PromptTooLong
-from streamrl.rollout.selection.likelihood import CandidateBudget, weighted
-from streamrl.rollout.selection.posterior import PromptSelector
+from streamrl.rollout.selection.base import GroupSampler, Source
 from streamrl.stream.backends.base import Backend, WorkerLost
 from streamrl.stream.books import (
     START_TIMEOUT_S,
@@ -75,7 +68,6 @@ from streamrl.stream.books import (
 from streamrl.stream.sample_stream import Group, SampleStream, StreamClosed
 
 WARN_EVERY_S = 10.0  # console summary of failed items, at most this often
-AHEAD_CHUNK = 64  # candidates per ScoreAhead: about one engine step of prefill rows
 console = logging.getLogger("streamrl.failures")
 
 
@@ -95,17 +87,9 @@ class RolloutPool(PoolBooks):
         max_dropped_in_a_row: int = 0,
         interval_s: float = 0.002,
         logger: logging.Logger | None = None,
-        selector: PromptSelector | None = None,
-        candidates: CandidateBudget | None = None,
-        score_ahead: int = 0,
+        sampler: GroupSampler | None = None,
     ) -> None:
         super().__init__()
-        self.selector = selector  # None: every drawn item is issued
-        self.candidates = candidates  # the likelihood gate's (None: one candidate per item)
-        # decisions made ahead stay usable for this many versions (0: off). At η = 0 what an
-        # idle worker scores would depend on timing, and so would the decisions: off.
-        ahead = candidates is not None and stream.max_staleness >= 1
-        self.score_ahead = score_ahead if ahead else 0
         self.backend, self.stream, self.items = backend, stream, items
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
@@ -120,18 +104,7 @@ class RolloutPool(PoolBooks):
         self._orphans: list[Item] = []  # items of dead workers, waiting for a new home
         self.drawn = 0  # items taken from the task source (its position, for resume)
         self._items: dict[int, Item] = {}  # issued and not yet ended (pruned at checkpoints)
-        self._alternates: dict[int, tuple[Item, ...]] = {}  # the gate's further candidates
-        self._respared: set[int] = set()  # items that are spares drawn again
-        self._forced: set[int] = set()  # items the gate is not to skip (selection/forced)
-        self._spares: deque[Item] = deque()  # handed back by the gate, drawn first
-        self._returned: list[tuple[int, tuple[Item, ...]]] = []  # spares until the next publish
-        self._ahead: deque[tuple[Item, int]] = deque()  # accepted ahead, at this version
-        # the ScoreAhead out at each worker: (batch, items, fresh draws or a refresh)
-        self._scoring: list[tuple[int, tuple[Item, ...], bool] | None] = [None] * n
-        self._batches = 0  # ScoreAhead commands sent
-        self._issued_ahead: set[int] = set()  # items issued on a decision made ahead
-        self._quiet = False  # paused: no scoring ahead
-        self._latest = self._merged = -1  # the trainer's last version, and the spares' merge
+        self._quiet = False  # paused: no work for the sampler on idle workers
         self._streak, self._streak_first = 0, ""  # failed items in a row, and the first
         self._unwarned, self._last_warn = 0, 0.0
         self._dropped = (0, 0.0, 0)  # groups dropped in a row, their reward sum and samples
@@ -140,6 +113,8 @@ class RolloutPool(PoolBooks):
         self._lock = threading.RLock()  # the pump's state: reports, sends, in-flight items
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.sampler = sampler if sampler is not None else GroupSampler()
+        self.sampler.attach(Source(self._draw, stream.items_per_batch, stream.max_staleness))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,65 +136,25 @@ class RolloutPool(PoolBooks):
     # ------------------------------------------------------------ checkpoints
 
     def _publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        if self.selector is not None:  # before any item can be admitted at ``version``
-            self.selector.advance(version, self.stream.outstanding_indices())
-        self._latest = version  # the pump merges the spares before it admits at it
+        # before any item can be admitted at ``version``
+        self.sampler.published(version, self.stream.outstanding_indices())
         self.backend.publish(state_dict, version)
-
-    def _merge_spares(self) -> None:
-        """After a publish (under the pump's lock): the spares handed back since the last
-        one join the draw queue, in item order, and the gate's bundle size moves."""
-        if self._merged == self._latest:
-            return
-        self._merged = self._latest
-        self._spares.extend(self._returned_items())
-        self._returned.clear()
-        while self._ahead and self._ahead[0][1] < self._latest - self.score_ahead:
-            self._spares.append(self._ahead.popleft()[0])  # too old: scored again when issued
-            self.candidates.count_ahead("expired")  # type: ignore[union-attr]
-        if self.candidates is not None:
-            self.candidates.advance()
-
-    def _returned_items(self) -> list[Item]:
-        return [it for _, items in sorted(self._returned, key=lambda r: r[0]) for it in items]
 
     def checkpoint(self) -> tuple[dict, list[tuple[int, str, str]]]:
         """(state, ledger): the stream's books and every issued but unconsumed item, the
-        task source's position, the pool's counters and the prompt selector's posterior,
-        taken in one atomic step with the stream's ledger of item endings since the last
-        drain."""
+        task source's position, the pool's counters and the group sampler's state, taken
+        in one atomic step with the stream's ledger of item endings since the last drain."""
         with self._lock:
-            self._merge_spares()
+            self.sampler.catch_up()
             state, ledger = self.stream.checkpoint()
             keep = set(state["outstanding"])
             self._items = {i: it for i, it in self._items.items() if i in keep}
             state["items"] = [copy.deepcopy(self._items[i]) for i in sorted(keep)]
             state.update(drawn=self.drawn, restarts=self.restarts, reissued=self.reissued)
-            if self.selector is not None:
-                state["selection"] = self.selector.state_dict(outstanding=keep)
-            if self.candidates is not None:
-                self._alternates = {i: a for i, a in self._alternates.items() if i in keep}
-                self._respared &= keep
-                self._forced &= keep
-                self._issued_ahead &= keep
-                state["candidates"] = copy.deepcopy(
-                    {
-                        "budget": self.candidates.state_dict(),
-                        "alternates": self._alternates,
-                        "respared": sorted(self._respared),
-                        "forced": sorted(self._forced),
-                        "issued_ahead": sorted(self._issued_ahead),
-                        # handed back since the last publish, and scored (or being
-                        # scored) ahead, too: drawn, never to be lost
-                        "spares": [*self._spares, *self._returned_items(), *self._held_ahead()],
-                    }
-                )
+            sampled = self.sampler.state_dict(keep)
+            if sampled is not None:
+                state["selection"] = sampled
         return state, ledger
-
-    def _held_ahead(self) -> list[Item]:
-        """Candidates accepted ahead, then those a worker is scoring ahead now."""
-        out = [item for item, _ in self._ahead]
-        return out + [it for sent in self._scoring if sent is not None for it in sent[1]]
 
     def restore(self, state: dict) -> None:
         """Continue from :meth:`checkpoint`'s state (before :meth:`start`). ``items``
@@ -233,16 +168,11 @@ class RolloutPool(PoolBooks):
             state["restarts"],
             state["reissued"],
         )
-        if self.selector is not None and "selection" in state:
-            self.selector.load_state_dict(state["selection"])
-        if self.candidates is not None and "candidates" in state:
-            gate = state["candidates"]
-            self.candidates.load_state_dict(gate["budget"])
-            self._alternates = dict(gate["alternates"])
-            self._respared = set(gate["respared"])
-            self._forced = set(gate["forced"])
-            self._issued_ahead = set(gate.get("issued_ahead", ()))
-            self._spares = deque(gate["spares"])
+        # (checkpoints written before the group sampler kept the likelihood gate's state
+        # under "candidates")
+        sampled = state.get("selection", state.get("candidates"))
+        if sampled is not None:
+            self.sampler.load_state_dict(sampled)
 
     # ------------------------------------------------------------ trainer-side calls
 
@@ -306,7 +236,7 @@ class RolloutPool(PoolBooks):
                 # trainer's checkpoint of these books must not wait for the last one
                 reports = self.backend.poll()
                 with self._lock:
-                    self._merge_spares()
+                    self.sampler.catch_up()
                     busy = self._receive(reports)
                     self._check_workers()
                     busy |= self._dispatch()
@@ -329,15 +259,13 @@ class RolloutPool(PoolBooks):
                 self.versions[w] = msg.version
                 self.engine_stats[w] = msg.engine_stats
                 self._note_sync(now)
-            elif isinstance(msg, ScoredAhead):
-                self._take_scored(w, msg)
+            elif isinstance(msg, SamplerResult):
+                self.sampler.work_done(w, msg.payload)
             elif isinstance(msg, GroupDone | GroupRejected):
                 item = self.inflight[w].pop(msg.item_index, None)
                 if item is None:
                     continue  # a late report of an item already re-issued elsewhere
-                if self.selector is not None:  # before the stream may end the item
-                    self.selector.observe(msg.item_index, item.id, msg.rewards)
-                self._gate_report(msg)
+                self.sampler.finished(item, msg)  # before the stream may end the item
                 self._add_rollout_stats(msg)
                 self._note_failure(msg)
                 self._note_dropped(msg)
@@ -355,32 +283,6 @@ class RolloutPool(PoolBooks):
             else:
                 raise TypeError(f"unknown report {msg!r} from rollout worker {w}")
         return bool(reports)
-
-    def _gate_report(self, msg: GroupDone | GroupRejected) -> None:
-        """The likelihood gate's part of an ended item: its counters, and its spares kept
-        for the next publish."""
-        self._alternates.pop(msg.item_index, None)
-        self._forced.discard(msg.item_index)
-        if msg.item_index in self._issued_ahead:
-            self._issued_ahead.discard(msg.item_index)
-            if isinstance(msg, GroupRejected) and msg.reason == EQUAL_REWARDS:
-                self.candidates.count_ahead("dropped")  # type: ignore[union-attr]
-        respared = int(msg.item_index in self._respared)
-        self._respared.discard(msg.item_index)
-        if self.candidates is not None:
-            self.candidates.observe(msg.gate, respared)
-        if msg.spares:
-            self._returned.append((msg.item_index, msg.spares))
-
-    def _take_scored(self, w: int, msg: ScoredAhead) -> None:
-        sent = self._scoring[w]
-        if sent is None or sent[0] != msg.batch:
-            return  # from a worker replaced since: its candidates are spares already
-        self._scoring[w] = None
-        kind = "scored" if sent[2] else "rescored"
-        self.candidates.observe(msg.outcomes, ahead=kind)  # type: ignore[union-attr]
-        self._ahead.extend((item, msg.version) for item in msg.accepted)
-        self._spares.extend(msg.unscored)
 
     def _note_failure(self, msg: GroupDone | GroupRejected) -> None:
         """Count failed items in a row; warn on the console (rate-limited); give up
@@ -488,9 +390,7 @@ class RolloutPool(PoolBooks):
             )
         self._orphans.extend(sorted(held, key=lambda it: it.index))
         self.reissued += len(held)
-        if self._scoring[w] is not None:  # its candidates scored ahead: not lost
-            self._spares.extend(self._scoring[w][1])
-            self._scoring[w] = None
+        self.sampler.worker_lost(w)
         self.inflight[w] = {}
         self.versions[w] = None
         self.restarts += 1
@@ -513,74 +413,36 @@ class RolloutPool(PoolBooks):
             room = chunk - len(items)
             if room:
                 for index in self.stream.admit(self.versions[w], room, timeout=0):
-                    ahead = bool(self._ahead)
-                    spare = not ahead and bool(self._spares)
-                    item = self._ahead.popleft()[0] if ahead else self._draw()
+                    item = self.sampler.issue(index)
                     item.index = index
                     self._items[index] = item
-                    if ahead:  # accepted ahead: generated without scoring it again
-                        self._issued_ahead.add(index)
-                        self.candidates.count_ahead("issued")  # type: ignore[union-attr]
-                    elif spare:  # the gate accepted it last version: usually does again
-                        self._respared.add(index)
-                    elif self.candidates is not None and self.candidates.force_next():
-                        self._forced.add(index)
-                    elif self.candidates is not None and self.candidates.size > 1:
-                        more = self.candidates.size - 1
-                        self._alternates[index] = tuple(self._draw_fresh() for _ in range(more))
                     items.append(item)
             if items:
                 for item in items:
                     self.inflight[w][item.index] = item
-                alternates = tuple(self._alternates.get(it.index, ()) for it in items)
-                forced = tuple(it.index for it in items if self._ungated(it.index))
-                message = StartItems(tuple(items), alternates if any(alternates) else (), forced)
+                plans = tuple(self.sampler.plan(it.index) for it in items)
+                message = StartItems(
+                    tuple(items), plans if any(p is not None for p in plans) else ()
+                )
                 # on WorkerLost the items stay in inflight[w]: re-issued on replacement
                 with contextlib.suppress(WorkerLost):
                     self.backend.send(w, message)
                 sent = True
-            elif not self.inflight[w] and self._scoring[w] is None:
-                sent |= self._send_score_ahead(w)
+            elif not self.inflight[w] and not self._quiet:
+                sent |= self._send_work(w)
         return sent
 
-    def _ungated(self, index: int) -> bool:
-        """Generated without the gate: forced (selection/forced) or decided ahead."""
-        return index in self._forced or index in self._issued_ahead
-
-    def _send_score_ahead(self, w: int) -> bool:
-        """An idle worker (nothing to generate, the stream full) scores fresh candidates
-        ahead, until enough are accepted for ``score_ahead`` batches; then it scores the
-        oldest decisions again, at its newer weights, so the held ones stay fresh."""
-        if not self.score_ahead or self._quiet:
+    def _send_work(self, w: int) -> bool:
+        """The sampler's work for idle worker ``w`` (nothing to generate, the stream full)."""
+        work = self.sampler.idle_work(w, self.versions[w])
+        if work is None:
             return False
-        want = self.score_ahead * self.stream.items_per_batch - len(self._ahead)
-        if want > 0:
-            accept_rate = max(0.1, 1.0 - self.candidates.skip_rate)  # type: ignore[union-attr]
-            n = min(AHEAD_CHUNK, math.ceil(want / accept_rate))
-            items, fresh = tuple(self._draw_fresh() for _ in range(n)), True
-        else:
-            old: list[Item] = []
-            while self._ahead and self._ahead[0][1] < self.versions[w] and len(old) < AHEAD_CHUNK:
-                old.append(self._ahead.popleft()[0])
-            if not old:
-                return False
-            items, fresh = tuple(old), False
-        self._batches += 1
-        self._scoring[w] = (self._batches, items, fresh)
-        with contextlib.suppress(WorkerLost):  # replaced by the pump: the items become spares
-            self.backend.send(w, ScoreAhead(self._batches, items))
+        with contextlib.suppress(WorkerLost):  # the pump replaces it: the sampler is told
+            self.backend.send(w, SamplerWork(work))
         return True
 
     def _draw(self) -> Item:
-        """The next spare the gate handed back (an item of its own, no alternates), else
-        the next item of the task source the selector accepts (skipped ones are drawn,
-        counted in ``selection/skipped``, and never issued). A spare is decided again, so
-        it loses any importance weight of an earlier decision (one made ahead, expired)."""
-        return weighted(self._spares.popleft(), None) if self._spares else self._draw_fresh()
-
-    def _draw_fresh(self) -> Item:
-        while True:
-            item = next(self.items)
-            self.drawn += 1
-            if self.selector is None or self.selector.accept(item):
-                return item
+        """The task source's next item, for the sampler (counted in ``drawn``)."""
+        item = next(self.items)
+        self.drawn += 1
+        return item

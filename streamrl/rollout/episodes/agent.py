@@ -184,7 +184,6 @@ class AgentEpisode:
         seed: int,
         *,
         greedy: bool = False,
-        stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
         messages = self.first_messages(item)
@@ -202,7 +201,6 @@ class AgentEpisode:
                 list(tokens.ids),
                 replace(params, max_new_tokens=budget_now),
                 turn_seed(seed, turn),
-                stratum=stratum,
             )
             res = await engine.agenerate(request)
             if turn == 0:  # (a later turn that fills the context ends the episode)

@@ -35,10 +35,8 @@ class Episode(Protocol):
         seed: int,
         *,
         greedy: bool = False,
-        stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
-        """One episode of ``item``. ``stratum`` (j, G): member j of a group of G sharing
-        ``seed`` whose draws are stratified (GenerationRequest.stratum)."""
+        """One episode of ``item``, its sampling fixed by ``seed``."""
         ...
 
 

@@ -68,11 +68,10 @@ class SingleTurnEpisode:
         seed: int,
         *,
         greedy: bool = False,
-        stratum: tuple[int, int] | None = None,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
         prompt_ids = self.prompt_ids(item)
-        request = GenerationRequest(prompt_ids, params, seed, stratum=stratum)
+        request = GenerationRequest(prompt_ids, params, seed)
         result = await engine.agenerate(request)
         check_room(item, prompt_ids, result)
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)

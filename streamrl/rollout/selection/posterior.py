@@ -42,7 +42,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamrl.core.types import Item
-from streamrl.rollout.selection.likelihood import build_candidate_budget
+from streamrl.rollout.selection.base import GroupSampler, Report, SamplerSetup
+from streamrl.rollout.selection.draws import Draws, independent
+from streamrl.rollout.selection.registry import register_sampler
 
 
 def all_equal_probability(a: Any, b: Any, group_size: int) -> Any:
@@ -195,29 +197,62 @@ class PromptSelector:
             self._in_a_row = state["in_a_row"]
 
 
-def build_selector(section: Any, group_size: int) -> PromptSelector | None:
-    """The pool's selector of config section ``selection`` (None unless ``kind:
-    posterior``; ``kind: likelihood`` is the rollout worker's gate instead)."""
-    if section.kind != "posterior":
-        return None
-    return PromptSelector(
-        group_size,
-        prior_alpha=section.prior_alpha,
-        prior_beta=section.prior_beta,
-        threshold=section.threshold,
-        decay=section.decay,
-        success_threshold=section.success_threshold,
-        max_skips_in_a_row=section.max_skips_in_a_row,
-    )
+@register_sampler("posterior")
+class PosteriorSampler(GroupSampler):
+    """``selection.kind: posterior``: the pool skips a drawn item whose group the
+    selector predicts all-equal (it never gets an index; the source's position counts
+    it), learns from every finished group, and moves the posterior at each publish."""
 
+    def __init__(self, selector: PromptSelector, draws: Draws = independent) -> None:
+        super().__init__(draws)
+        self.selector = selector
 
-def pool_selection(cfg: Any) -> dict[str, Any]:
-    """The rollout pool's prompt-selection arguments for the run's config: the posterior
-    ``selector`` (``kind: posterior``), or the likelihood gate's ``candidates`` budget and
-    how many batches it decides ahead (``score_ahead``)."""
-    budget = build_candidate_budget(cfg)
-    return {
-        "selector": build_selector(cfg.selection, cfg.rollout.group_size),
-        "candidates": budget,
-        "score_ahead": cfg.selection.score_ahead if budget is not None else 0,
-    }
+    @classmethod
+    def build(cls, setup: SamplerSetup) -> PosteriorSampler:
+        sel = setup.selection
+        selector = PromptSelector(
+            setup.group_size,
+            prior_alpha=sel.prior_alpha,
+            prior_beta=sel.prior_beta,
+            threshold=sel.threshold,
+            decay=sel.decay,
+            success_threshold=sel.success_threshold,
+            max_skips_in_a_row=sel.max_skips_in_a_row,
+        )
+        return cls(selector, setup.draws)
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """The threshold lies above the prior's own P(all equal): otherwise a prompt seen
+        once could never come back, however far its evidence decayed."""
+        sel, g = cfg.selection, cfg.rollout.group_size
+        prior = all_equal_probability(sel.prior_alpha, sel.prior_beta, g)
+        if sel.threshold <= prior:
+            raise ValueError(
+                f"selection.threshold={sel.threshold} must be above {prior:.4f}, the prior "
+                f"Beta({sel.prior_alpha}, {sel.prior_beta})'s P(all {g} samples equal) "
+                "(rollout.group_size): a skipped prompt could never come back"
+            )
+
+    def issue(self, index: int) -> Item:
+        """The next drawn item the selector accepts (skipped ones are drawn, counted in
+        ``selection/skipped``, and never issued)."""
+        while True:
+            item = self.source.draw()
+            if self.selector.accept(item):
+                return item
+
+    def finished(self, item: Item, report: Report) -> None:
+        self.selector.observe(report.item_index, item.id, report.rewards)
+
+    def published(self, version: int, outstanding: set[int]) -> None:
+        self.selector.advance(version, outstanding)
+
+    def state_dict(self, outstanding: set[int]) -> dict[str, Any]:
+        return self.selector.state_dict(outstanding=outstanding)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.selector.load_state_dict(state)
+
+    def metrics(self) -> dict[str, float]:
+        return self.selector.metrics()

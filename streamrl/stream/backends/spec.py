@@ -20,13 +20,14 @@ from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.models.loading import resolve_dtype
 from streamrl.rollout.episodes import build_episode, sampling_params
 from streamrl.rollout.rewards import build_reward
-from streamrl.rollout.selection.likelihood import build_gate
+from streamrl.rollout.selection import build_sampler
 from streamrl.rollout.worker import Emit, RolloutWorker
 
 
 def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> RolloutWorker:
     """The rollout worker of a run: the run's episode and algorithm on ``engine``."""
     episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
+    sampling = sampling_params(cfg, tokenizer)
     return RolloutWorker(
         engine,
         episode,
@@ -34,8 +35,7 @@ def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> Rollout
         emit,
         group_size=cfg.rollout.group_size,
         seed=cfg.seed,
-        gate=build_gate(cfg, tokenizer, sampling_params(cfg, tokenizer)),
-        stratified=cfg.rollout.group_sampling == "stratified",
+        sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed, tokenizer, sampling),
     )
 
 

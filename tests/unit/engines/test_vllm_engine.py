@@ -25,7 +25,7 @@ from streamrl.engines.inference.vllm import VLLMEngine, engine_args, sampling_pa
 from streamrl.models.presets import build_preset
 from streamrl.models.tokenizer import build_char_tokenizer
 from streamrl.run.launch import train
-from streamrl.run.preflight import PreflightError, check_vllm_engine
+from streamrl.run.preflight import PreflightError, check_selection, check_vllm_engine
 from tests import fake_vllm
 from tests.tiny_run import metric_rows, tiny_rl_config
 from tests.unit.engines.test_inference_engine import full_logprobs
@@ -240,10 +240,14 @@ def test_rollout_engine_vllm_is_built_by_the_factory_and_checked_before_the_run(
         ("rollout.compile=true", "rollout.compile=True applies to the built-in engine"),
         ("rollout.engine_weights=float16", "engine_weights=float16 applies to the built-in"),
         ("model.name_or_path=mlp", "serves language models, not environment policies"),
-        ("selection.kind=likelihood rollout.temperature=0.7", "it needs rollout.temperature=1"),
     ):
         with pytest.raises(PreflightError, match=message):
             check_vllm_engine(load_config(None, ["rollout.engine=vllm", *bad.split()]))
+    # the likelihood gate's own check: vLLM's prompt log-probs are raw
+    bad = ["rollout.engine=vllm", "selection.kind=likelihood", "rollout.temperature=0.7"]
+    with pytest.raises(PreflightError, match="it needs rollout.temperature=1"):
+        check_selection(load_config(None, bad))
+    check_selection(load_config(None, bad[:2]))
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
     with pytest.raises(PreflightError, match=r"pip install 'streamrl\[vllm\]'"):
         check_vllm_engine(cfg)

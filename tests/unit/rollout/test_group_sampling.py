@@ -1,18 +1,26 @@
 """rollout.group_sampling=stratified: a group's samples share a seed and member j of G
 shifts its uniforms by j/G. Each sample alone is an exact draw from the policy; at a
-context the members share, their G draws are one systematic sample of its distribution."""
+context the members share, their G draws are one systematic sample of its distribution.
+The episode never knows: member j's engine view stamps each of its requests."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import numpy as np
 import pytest
 import torch
-from test_inference_engine import tiny_llama
 
+from streamrl.algorithms import build_algorithm
 from streamrl.config.schema import load_config
-from streamrl.core.types import GenerationRequest, SamplingParams
+from streamrl.core.types import (
+    GenerationRequest,
+    GenerationResult,
+    Item,
+    SamplingParams,
+    Trajectory,
+)
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.engines.inference.sampling import (
     context_key,
@@ -20,8 +28,12 @@ from streamrl.engines.inference.sampling import (
     fold_tokens,
     shifted_uniform,
 )
-from streamrl.rollout.worker import group_draws, sampling_seed
+from streamrl.rollout.seeds import sampling_seed
+from streamrl.rollout.selection import GroupSampler
+from streamrl.rollout.selection.draws import StratumEngine, independent, stratified
+from streamrl.rollout.worker import rollout_group
 from streamrl.run.preflight import PreflightError, check_group_sampling
+from tests.unit.engines.test_inference_engine import tiny_llama
 
 G = 8
 PROMPT = [1, 2, 3]
@@ -57,9 +69,50 @@ def test_members_share_a_key_exactly_while_they_share_a_context() -> None:
 
 
 def test_group_draws_share_one_seed_only_when_stratified() -> None:
-    assert group_draws(3, 17, 4, False) == [(sampling_seed(3, 17, j), None) for j in range(4)]
-    seed = sampling_seed(3, 17, 0)
-    assert group_draws(3, 17, 4, True) == [(seed, (j, 4)) for j in range(4)]
+    engine = object()
+    assert independent(engine, 3, 17, 4) == [(engine, sampling_seed(3, 17, j)) for j in range(4)]
+    members = stratified(engine, 3, 17, 4)
+    assert [seed for _, seed in members] == [sampling_seed(3, 17, 0)] * 4
+    assert all(isinstance(v, StratumEngine) and v.engine is engine for v, _ in members)
+    assert [v.stratum for v, _ in members] == [(j, 4) for j in range(4)]
+
+
+class _Recording:
+    """Answers every request with one token, and keeps the requests."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.requests: list[GenerationRequest] = []
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
+        return GenerationResult(request.prompt_ids, [5], [-0.1], [0], "stop")
+
+
+async def _two_turns(engine, item, seed: int, greedy: bool = False) -> Trajectory:
+    """An episode that knows nothing of strata: two requests, the second on a turn seed."""
+    params = SamplingParams(max_new_tokens=1)
+    for turn in range(2):
+        await engine.agenerate(GenerationRequest([1, 2], params, seed + turn))
+    one = torch.ones(1)
+    return Trajectory(one.long(), one.bool(), one * 0, one.long() * 0, float(seed % 2), 0)
+
+
+@pytest.mark.parametrize("rule", ["independent", "stratified"])
+def test_every_request_of_a_member_carries_its_stratum_the_episode_unaware(rule: str) -> None:
+    engine = _Recording()
+    algorithm = build_algorithm(load_config(None, ["algorithm.dynamic_sampling=false"]))
+    sampler = GroupSampler(stratified if rule == "stratified" else independent)
+    item = Item(id="q", prompt="1+1=", answer="2", index=9)
+    asyncio.run(rollout_group(engine, _two_turns, algorithm, item, 4, 3, sampler))
+    got = sorted((r.seed, r.stratum or (-1, 0)) for r in engine.requests)
+    if rule == "stratified":  # one seed (+ the turn), each member's stratum on both turns
+        seed = sampling_seed(3, 9, 0)
+        assert got == sorted((seed + t, (j, 4)) for j in range(4) for t in range(2))
+    else:
+        seeds = [sampling_seed(3, 9, j) for j in range(4)]
+        assert got == sorted((s + t, (-1, 0)) for s in seeds for t in range(2))
 
 
 def test_a_stratum_outside_its_group_is_refused() -> None:

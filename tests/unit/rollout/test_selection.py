@@ -16,7 +16,11 @@ import pytest
 from streamrl.config.schema import ConfigError, load_config
 from streamrl.core.messages import GroupDone, GroupRejected, StartItems, VersionReport
 from streamrl.core.types import Item
-from streamrl.rollout.selection.posterior import PromptSelector, all_equal_probability
+from streamrl.rollout.selection.posterior import (
+    PosteriorSampler,
+    PromptSelector,
+    all_equal_probability,
+)
 from streamrl.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.run.session import run_training
@@ -170,7 +174,7 @@ def _keys():
 def test_skipped_items_are_never_issued_and_the_books_balance() -> None:
     stream = SampleStream(items_per_batch=2, max_staleness=0)
     backend = ScriptedBackend()
-    pool = RolloutPool(backend, stream, _keys(), selector=PromptSelector(group_size=4))
+    pool = RolloutPool(backend, stream, _keys(), sampler=PosteriorSampler(PromptSelector(4)))
     pool.start()
     try:
         for step in range(1, 7):
@@ -185,7 +189,7 @@ def test_skipped_items_are_never_issued_and_the_books_balance() -> None:
         pool.stop()
     stream.close()
     stream.check_accounting()
-    s, m = stream.stats, pool.selection_metrics()
+    s, m = stream.stats, pool.sampler.metrics()
     assert s.issued == s.consumed + sum(s.filtered.values()) + sum(s.failed.values())
     assert s.consumed == 12 and m["selection/issued"] == s.issued
     # each easy prompt is generated once (all correct), then skipped for good
@@ -194,11 +198,11 @@ def test_skipped_items_are_never_issued_and_the_books_balance() -> None:
     assert pool.drawn == s.issued + m["selection/skipped"]  # the source's position
     # the checkpoint carries the selector; a new pool continues from it
     state, _ = pool.checkpoint()
-    fresh = RolloutPool(ScriptedBackend(), SampleStream(2, 0), _keys(), selector=None)
-    fresh.selector = PromptSelector(group_size=4)
+    sampler = PosteriorSampler(PromptSelector(group_size=4))
+    fresh = RolloutPool(ScriptedBackend(), SampleStream(2, 0), _keys(), sampler=sampler)
     fresh.restore(state)
-    assert fresh.selection_metrics() == m
-    assert not fresh.selector.accept(_item("easy0"))
+    assert fresh.sampler.metrics() == m
+    assert not sampler.selector.accept(_item("easy0"))
 
 
 # ------------------------------------------------------------------ a short run, and bad input
@@ -248,8 +252,9 @@ def test_bad_selection_values_name_the_key(tmp_path: Path) -> None:
     for bad in ("selection.threshold=1.5", "selection.threshold=-0.1"):
         with pytest.raises(ConfigError, match=r"selection\.threshold: Input should be"):
             load_config(None, [bad])
-    with pytest.raises(ConfigError, match=r"selection\.kind"):
-        load_config(None, ["selection.kind=thompson"])
+    # a kind no sampler is registered under: one line naming the key and the known kinds
+    with pytest.raises(PreflightError, match=r"selection\.kind: unknown kind 'thompson'; known"):
+        check_selection(load_config(None, ["selection.kind=thompson"]))
     with pytest.raises(ConfigError, match=r"selection\.prior_alpha"):
         load_config(None, ["selection.prior_alpha=0"])
     # below the prior's own P(all equal) (2/9 for Beta(1, 1), G = 8), nothing could return

@@ -15,9 +15,11 @@ import torch
 
 from streamrl.algorithms import build_algorithm
 from streamrl.config.schema import load_config
-from streamrl.core.messages import ScoreAhead, StartItems, VersionReport
+from streamrl.core.messages import GroupDone, GroupRejected, SamplerWork, StartItems, VersionReport
 from streamrl.core.types import Item, SamplingParams, Trajectory
-from streamrl.rollout.selection.likelihood import CandidateBudget, LikelihoodGate, candidates_for
+from streamrl.rollout.selection.candidates import CandidateBudget, candidates_for
+from streamrl.rollout.selection.gate import LikelihoodGate
+from streamrl.rollout.selection.likelihood import LikelihoodSampler, ScoreAhead
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import SampleStream
@@ -42,6 +44,22 @@ class ScriptedGate(LikelihoodGate):
 
 def _items(*ids: str) -> list[Item]:
     return [Item(id=i, prompt=f"{i}=", answer="1") for i in ids]
+
+
+def _candidates(cmd: StartItems) -> list[list[Item]]:
+    """Each item's candidates, the item first (its plan's alternates after it)."""
+    return [[item, *(plan.alternates if plan else ())] for item, plan in cmd.planned()]
+
+
+def _ungated(cmd: StartItems) -> set[int]:
+    """The items to generate without the gate: forced, or decided ahead."""
+    return {item.index for item, plan in cmd.planned() if plan is not None and not plan.gated}
+
+
+def _spares(reports: list) -> list[Item]:
+    """The candidates the worker handed back in its reports."""
+    ended = [r for _, r in reports if isinstance(r, GroupDone | GroupRejected) and r.feedback]
+    return [it for r in ended for it in r.feedback.spares]
 
 
 def test_the_first_accepted_candidate_is_chosen_and_later_accepted_ones_are_spares() -> None:
@@ -114,7 +132,13 @@ class GateBackend(ScriptedBackend):
         algorithm = build_algorithm(load_config(None, []))
         self.engine = type("Engine", (), {"version": 0})()  # the weight version, nothing else
         self.worker = RolloutWorker(
-            self.engine, self.episode, algorithm, self.emit, group_size=4, seed=0, gate=self.gate
+            self.engine,
+            self.episode,
+            algorithm,
+            self.emit,
+            group_size=4,
+            seed=0,
+            sampler=LikelihoodSampler(self.gate),
         )
         self.commands: list[StartItems] = []
         self.ahead: list[ScoreAhead] = []
@@ -136,9 +160,9 @@ class GateBackend(ScriptedBackend):
 
     def send(self, worker: int, command) -> None:
         with self.lock:
-            if isinstance(command, ScoreAhead):
-                self.ahead.append(command)
-                asyncio.run(self.worker._score_ahead(command))
+            if isinstance(command, SamplerWork):
+                self.ahead.append(command.payload)
+                asyncio.run(self.worker._work(command))
             if not isinstance(command, StartItems):
                 return
             self.commands.append(command)
@@ -162,7 +186,8 @@ def _run(
     stream = SampleStream(items_per_batch=2, max_staleness=eta)
     backend = GateBackend()
     budget = budget or CandidateBudget(64)
-    pool = RolloutPool(backend, stream, source or _source(), candidates=budget, score_ahead=ahead)
+    sampler = LikelihoodSampler(budget=budget, score_ahead=ahead)
+    pool = RolloutPool(backend, stream, source or _source(), sampler=sampler)
     pool.start()
     try:
         for step in range(1, steps + 1):
@@ -184,39 +209,37 @@ def test_the_pool_issues_bundles_reissues_spares_and_loses_nothing() -> None:
     pool, backend, stream = _run(steps=6)
     stream.close()
     stream.check_accounting()
-    s, m = stream.stats, pool.selection_metrics()
+    s, m = stream.stats, pool.sampler.metrics()
     assert s.consumed == 12 and s.issued == s.consumed + sum(s.filtered.values())
     generated = [it.id for it in backend.generated]
     assert all(i.startswith("m") for i in generated) and len(set(generated)) == len(generated)
     # version 0: one candidate per item, 6 of the 8 skipped; then ~9 per fresh item
     # (3 in 4 fresh draws are skipped: 0.75^9 <= 0.1), a spare alone
-    assert not backend.commands[0].alternates
+    assert not backend.commands[0].plans
     assert m["selection/candidates"] == candidates_for(m["selection/skip_rate"], 64)
-    sizes = {len(c) for cmd in backend.commands for c in cmd.candidates()}
+    sizes = {len(c) for cmd in backend.commands for c in _candidates(cmd)}
     assert 1 in sizes and min(sizes - {1}) >= 8 and max(sizes) <= 11
     # nothing drawn is lost: every mixed item drawn is generated or still a spare
     state, _ = pool.checkpoint()
-    pending = [it.id for it in state["candidates"]["spares"]]
+    pending = [it.id for it in state["selection"]["spares"]]
     drawn = [it.id for it in itertools.islice(_source(), pool.drawn)]
     assert sorted(generated + pending) == sorted(i for i in drawn if i.startswith("m"))
     assert m["selection/skipped"] == sum(i.startswith("e") for i in drawn)
     assert m["selection/spares"] > 0 and m["selection/spares_reskipped"] == 0
     assert m["selection/scored"] == len(backend.gate.scored)
     # a spare is issued again (alone) before any fresh draw, in item order
-    handed_back = {it.id for _, r in backend.sent for it in r.spares}
-    firsts = [c[0] for cmd in backend.commands for c in cmd.candidates()]
+    handed_back = {it.id for it in _spares(backend.sent)}
+    firsts = [c[0] for cmd in backend.commands for c in _candidates(cmd)]
     respared = [it.id for it in firsts if it.id in handed_back]
     assert respared and respared == sorted(respared)
     assert all(
-        len(c) == 1 for cmd in backend.commands for c in cmd.candidates() if c[0].id in handed_back
+        len(c) == 1 for cmd in backend.commands for c in _candidates(cmd) if c[0].id in handed_back
     )
     # the checkpoint carries the budget, the spares and the bundles; a new pool goes on
-    fresh = RolloutPool(
-        GateBackend(), SampleStream(2, 0), _source(), candidates=CandidateBudget(64)
-    )
+    fresh = RolloutPool(GateBackend(), SampleStream(2, 0), _source(), sampler=LikelihoodSampler())
     fresh.restore(state)
-    assert fresh.selection_metrics() == m
-    assert pending and [fresh._draw().id for _ in pending] == pending
+    assert fresh.sampler.metrics() == m
+    assert pending and [fresh.sampler.issue(i).id for i in range(len(pending))] == pending
 
 
 def test_eta0_pools_issue_the_same_bundles() -> None:
@@ -231,10 +254,12 @@ def test_a_gate_that_skips_everything_cannot_stall_the_run() -> None:
     pool, backend, stream = _run(3, easy, CandidateBudget(8, max_skips_in_a_row=10))
     stream.close()
     stream.check_accounting()
-    m = pool.selection_metrics()
+    m = pool.sampler.metrics()
     assert stream.stats.consumed == 6 and m["selection/forced"] >= 6
     assert m["selection/skipped"] >= 10 * m["selection/forced"]
-    forced = [c for cmd in backend.commands for c in cmd.candidates() if c[0].index in cmd.forced]
+    forced = [
+        c for cmd in backend.commands for c in _candidates(cmd) if c[0].index in _ungated(cmd)
+    ]
     assert all(len(c) == 1 for c in forced)  # generated as drawn, no alternates
     assert {it.id for it in backend.generated} <= {c[0].id for c in forced}
 
@@ -246,10 +271,10 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
     nothing drawn is lost."""
     pool, backend, stream = _run(steps=8, eta=1, ahead=2, train_s=0.05)
     pool._receive(backend.poll())  # the reports sent after the last step (inline backend)
-    assert pool._scoring[0] is None and not pool.inflight[0]
+    assert 0 not in pool.sampler._scoring and not pool.inflight[0]
     stream.close()
     stream.check_accounting()
-    m = pool.selection_metrics()
+    m = pool.sampler.metrics()
     assert backend.ahead and m["selection/ahead/issued"] > 0
     # fresh draws, and once enough are held, the held ones again at newer weights
     ahead = [it.id for c in backend.ahead for it in c.items]
@@ -257,8 +282,8 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
     assert m["selection/ahead/rescored"] > 0 and m["selection/ahead/reskipped"] == 0
     assert m["selection/scored"] == len(backend.gate.scored)
     scored_ahead = set(ahead)
-    starts = [(c, cmd) for cmd in backend.commands for c in cmd.candidates()]
-    ungated = [c for c, cmd in starts if c[0].index in cmd.forced]
+    starts = [(c, cmd) for cmd in backend.commands for c in _candidates(cmd)]
+    ungated = [c for c, cmd in starts if c[0].index in _ungated(cmd)]
     assert m["selection/forced"] == 0 and len(ungated) == m["selection/ahead/issued"]
     # accepted ahead ('m' ids only), generated as they are: alone, not scored again
     issued_ahead = [c[0].id for c in ungated]
@@ -269,7 +294,7 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
     assert set(issued_ahead) <= set(generated) and len(set(generated)) == len(generated)
     # nothing drawn is lost: every mixed item drawn is generated or held (ahead or spare)
     state, _ = pool.checkpoint()
-    pending = [it.id for it in state["candidates"]["spares"]]
+    pending = [it.id for it in state["selection"]["spares"]]
     drawn = [it.id for it in itertools.islice(_source(), pool.drawn)]
     assert sorted(generated + pending) == sorted(i for i in drawn if i.startswith("m"))
     assert m["selection/skipped"] == sum(i.startswith("e") for i in drawn)
@@ -278,22 +303,24 @@ def test_an_idle_worker_scores_ahead_and_those_decisions_are_issued_unscored() -
 def test_decisions_made_ahead_expire_and_a_lost_workers_batch_is_kept() -> None:
     stream = SampleStream(items_per_batch=2, max_staleness=1)
     budget = CandidateBudget(64)
-    pool = RolloutPool(GateBackend(), stream, _source(), candidates=budget, score_ahead=3)
+    sampler = LikelihoodSampler(budget=budget, score_ahead=3)
+    pool = RolloutPool(GateBackend(), stream, _source(), sampler=sampler)
     old, recent, scoring = _items("m1", "m2", "m3")
-    pool._ahead.extend([(old, 1), (recent, 2)])
-    pool._latest = 5  # decisions older than version 5 - 3 are scored again
-    pool._merge_spares()
-    assert [it for it, _ in pool._ahead] == [recent] and list(pool._spares) == [old]
-    assert pool.selection_metrics()["selection/ahead/expired"] == 1
-    pool._scoring[0] = (7, (scoring,), True)  # a batch out when its worker is lost
+    sampler._ahead.extend([(old, 1), (recent, 2)])
+    sampler.published(5, set())  # decisions older than version 5 - 3 are scored again
+    sampler.catch_up()
+    assert [it for it, _ in sampler._ahead] == [recent] and list(sampler._spares) == [old]
+    assert sampler.metrics()["selection/ahead/expired"] == 1
+    sampler._scoring[0] = (7, (scoring,), True)  # a batch out when its worker is lost
     pool.backend.restartable, pool.backend.restart = True, lambda w: None
     pool._replace(0, "test")
-    assert list(pool._spares) == [old, scoring] and pool._scoring[0] is None
+    assert list(sampler._spares) == [old, scoring] and 0 not in sampler._scoring
     pool.versions[0] = 0
     assert len(stream.admit(0, 4)) == 4  # the stream is full: the worker is idle
     pool.pause(engines=False)  # the trainer evaluates: no scoring ahead meanwhile
-    assert not pool._dispatch() and pool._scoring[0] is None
+    assert not pool._dispatch() and 0 not in sampler._scoring
     pool.resume(engines=False)
-    assert pool._dispatch() and len(pool._scoring[0][1]) == 3 * 2 - 1  # 1 held already
-    assert RolloutPool(GateBackend(), SampleStream(2, 0), _source(), candidates=budget,
-                       score_ahead=3).score_ahead == 0  # η = 0: off  # fmt: skip
+    assert pool._dispatch() and len(sampler._scoring[0][1]) == 3 * 2 - 1  # 1 held already
+    at_eta0 = LikelihoodSampler(budget=budget, score_ahead=3)
+    RolloutPool(GateBackend(), SampleStream(2, 0), _source(), sampler=at_eta0)
+    assert at_eta0.score_ahead == 0  # η = 0: off

@@ -25,11 +25,8 @@ from streamrl.core.types import (
 )
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
-from streamrl.rollout.selection.likelihood import (
-    LikelihoodGate,
-    acceptance_probability,
-    weighted,
-)
+from streamrl.rollout.selection.gate import LikelihoodGate, acceptance_probability, weighted
+from streamrl.rollout.selection.likelihood import LikelihoodSampler
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import Group, SampleStream
@@ -201,9 +198,10 @@ def test_a_spare_is_drawn_without_the_weight_of_an_earlier_decision() -> None:
     """A decision made ahead that expired, or one restored from a checkpoint, goes back to
     the spares with its weight; the pool draws it unweighted (the gate decides again)."""
     fresh = iter([Item(id="new", prompt="1+1=", answer="2")])
-    pool = RolloutPool(ScriptedBackend(), SampleStream(2, 1), fresh)
+    sampler = LikelihoodSampler()
+    RolloutPool(ScriptedBackend(), SampleStream(2, 1), fresh, sampler=sampler)
     held = weighted(Item(id="held", prompt="1+2=", answer="3"), 4.0)
-    pool._spares.append(held)
-    drawn = pool._draw()
+    sampler._spares.append(held)
+    drawn = sampler.issue(0)
     assert drawn.id == "held" and WEIGHT_KEY not in drawn.metadata
-    assert pool._draw().id == "new"
+    assert sampler.issue(1).id == "new"

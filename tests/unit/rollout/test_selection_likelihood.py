@@ -20,7 +20,9 @@ from streamrl.core.types import GenerationRequest, GenerationResult, Item, Sampl
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models import encode_prompt, load_model_and_tokenizer, reference_ids
 from streamrl.rollout import worker as rollout
-from streamrl.rollout.selection.likelihood import LikelihoodGate, candidates_for
+from streamrl.rollout.selection.candidates import candidates_for
+from streamrl.rollout.selection.gate import LikelihoodGate
+from streamrl.rollout.selection.likelihood import LikelihoodSampler
 from streamrl.rollout.worker import rollout_group
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.run.session import run_training
@@ -80,7 +82,9 @@ def test_a_skipped_item_is_never_generated_and_is_counted_as_filtered() -> None:
     item = Item(id="q", prompt="1+2=", answer="3", index=7)
     # "3" + EOS at log-prob -0.05 each: p_hat = e^-0.1, P_hat(all 4 correct) = e^-0.4 = 0.670
     likely = _ScoringEngine(-0.05)
-    report = asyncio.run(rollout_group(likely, episode, algorithm, item, 4, 0, _gate(tok, 0.66)))
+    report = asyncio.run(
+        rollout_group(likely, episode, algorithm, item, 4, 0, LikelihoodSampler(_gate(tok, 0.66)))
+    )
     assert isinstance(report, GroupRejected) and "0.6703" in report.detail
     assert (report.item_index, report.outcome, report.reason) == (
         7,
@@ -94,7 +98,9 @@ def test_a_skipped_item_is_never_generated_and_is_counted_as_filtered() -> None:
         raise RuntimeError(f"generated sample {seed}")
 
     below = _ScoringEngine(-0.05)
-    report = asyncio.run(rollout_group(below, generated, algorithm, item, 4, 0, _gate(tok, 0.68)))
+    report = asyncio.run(
+        rollout_group(below, generated, algorithm, item, 4, 0, LikelihoodSampler(_gate(tok, 0.68)))
+    )
     assert (report.outcome, report.reason) == ("failed", "episode_error:RuntimeError")
     ignoring = _ScoringEngine(-0.05)
 
@@ -103,25 +109,35 @@ def test_a_skipped_item_is_never_generated_and_is_counted_as_filtered() -> None:
         return GenerationResult(request.prompt_ids, [9] * n, [-0.05] * n, [0] * n, "length")
 
     ignoring.agenerate = sampled
-    report = asyncio.run(rollout_group(ignoring, episode, algorithm, item, 4, 0, _gate(tok, 0.5)))
+    report = asyncio.run(
+        rollout_group(ignoring, episode, algorithm, item, 4, 0, LikelihoodSampler(_gate(tok, 0.5)))
+    )
     assert (report.outcome, report.reason) == ("failed", "selection_error:RuntimeError")
     assert "ignored forced_ids" in report.detail
     # an unlikely reference: p_hat = e^-4, (1 - p_hat)^4 = 0.9287; skipped only when asked
     unlikely = _ScoringEngine(-2.0)
-    report = asyncio.run(rollout_group(unlikely, generated, algorithm, item, 4, 0, _gate(tok)))
+    report = asyncio.run(
+        rollout_group(unlikely, generated, algorithm, item, 4, 0, LikelihoodSampler(_gate(tok)))
+    )
     assert (report.outcome, report.reason) == ("failed", "episode_error:RuntimeError")
     both = _gate(tok, 0.9)
     both.skip_all_wrong = True
-    report = asyncio.run(rollout_group(_ScoringEngine(-2.0), episode, algorithm, item, 4, 0, both))
+    report = asyncio.run(
+        rollout_group(_ScoringEngine(-2.0), episode, algorithm, item, 4, 0, LikelihoodSampler(both))
+    )
     assert (report.outcome, report.reason) == ("filtered", "predicted_all_wrong")
     assert report.detail == "predicted P(all 4 wrong) <= 0.9287"
     both.threshold = 0.93  # (1 - e^-4)^4 = 0.92873 is not above it: generated
     report = asyncio.run(
-        rollout_group(_ScoringEngine(-2.0), generated, algorithm, item, 4, 0, both)
+        rollout_group(
+            _ScoringEngine(-2.0), generated, algorithm, item, 4, 0, LikelihoodSampler(both)
+        )
     )
     assert report.reason == "episode_error:RuntimeError"
     broken = _ScoringEngine(None)  # a scoring failure is a recorded failure, not a skip
-    report = asyncio.run(rollout_group(broken, episode, algorithm, item, 4, 0, _gate(tok)))
+    report = asyncio.run(
+        rollout_group(broken, episode, algorithm, item, 4, 0, LikelihoodSampler(_gate(tok)))
+    )
     assert (report.outcome, report.reason) == ("failed", "selection_error:RuntimeError")
     assert "engine broke" in report.detail
 
