@@ -38,7 +38,7 @@ from streamrl.algorithms.losses import RLLoss
 from streamrl.algorithms.policy_gradient import PolicyGradient
 from streamrl.config.distill import DistillConfig
 from streamrl.core.types import Batch, Trajectory
-from streamrl.models.loading import load_model_and_tokenizer
+from streamrl.models.loading import check_model_source, load_model_and_tokenizer
 from streamrl.sources import item_domain
 
 DISTILL = "distill"
@@ -67,6 +67,15 @@ class Teachers:
     def names(self) -> list[str]:
         named = list(dict.fromkeys(self.cfg.teachers.values()))
         return named if self.cfg.teacher is None else [self.cfg.teacher, *named]
+
+    def check(self) -> None:
+        """Fails now, naming the teacher, if one could not be loaded (nothing is loaded):
+        the run stops before its SFT and rollouts, not at the first RL step."""
+        for name in self.names():
+            try:
+                check_model_source(name)
+            except (OSError, ValueError) as e:
+                raise type(e)(f"algorithm.distill: teacher {name!r}: {e}") from None
 
     def load(self, vocab_size: int, device: torch.device | str) -> None:
         """Loads every teacher once (frozen, eval mode) and checks its vocabulary."""
@@ -130,6 +139,7 @@ class Distill(PolicyGradient):
         super().__init__(cfg)
         self.distill: DistillConfig = cfg.algorithm.distill
         self.teachers = Teachers(self.distill)
+        self.teachers.check()
         if self.distill.mode == "loss":
             if cfg.algorithm.kl_coef > 0:
                 raise ValueError(

@@ -46,14 +46,14 @@ def _distill(*overrides: str) -> Distill:
         None,
         [
             "algorithm.advantage=distill",
-            "algorithm.distill.teacher=general",
-            "algorithm.distill.teachers={math: mathteacher}",
+            "algorithm.distill.teacher=tiny",
+            "algorithm.distill.teachers={math: tiny-small}",
             *overrides,
         ],
     )
     algo = build_algorithm(cfg)
     assert isinstance(algo, Distill)
-    algo.teachers.models = {"general": -1.0, "mathteacher": -0.25}  # stand-ins
+    algo.teachers.models = {"tiny": -1.0, "tiny-small": -0.25}  # stand-ins
     return algo
 
 
@@ -109,6 +109,19 @@ def test_an_item_of_no_teacher_is_an_error_naming_the_domain() -> None:
     assert teachers.names() == ["m"]
     with pytest.raises(ValueError, match="no teacher for domain 'code'"):
         teachers.name_for(_traj([0.0], [True], "code", 0))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.distill.teacher=runs/none/model"],
+        ["algorithm.distill.teacher=tiny", "algorithm.distill.teachers={math: no/such/dir}"],
+    ],
+)
+def test_a_missing_teacher_fails_when_the_algorithm_is_built(overrides) -> None:
+    cfg = load_config(None, ["algorithm.advantage=distill", *overrides])
+    with pytest.raises(FileNotFoundError, match="algorithm.distill: teacher"):
+        build_algorithm(cfg)
 
 
 def test_a_teacher_of_another_vocabulary_is_refused() -> None:
