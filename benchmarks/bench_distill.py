@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.run.launch import train
 
 QUIET = ["run.progress=false", "run.tensorboard=false", "runtime.threads=1"]
@@ -69,7 +69,7 @@ def main() -> None:
             *common,
             f"sft.steps={args.sft_steps + extra}",
             "train.steps=0",
-            "algorithm.advantage=grpo",
+            "algorithm.name=grpo",
         ],
     )
     teacher, _ = run(
@@ -80,7 +80,7 @@ def main() -> None:
             f"model.name_or_path={args.teacher}",
             "sft.steps=0",
             "train.steps=0",
-            "algorithm.advantage=grpo",
+            "algorithm.name=grpo",
         ],
     )
     print(

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from benchmarks.bench_selection_bound import load_state
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.tokenizer import encode_prompt

@@ -11,7 +11,7 @@ Both sides train on every transition of the dataset for ``--steps`` gradient ste
 in d3rlpy, of 256 tanh units in streamrl's policy; twin Q and V of 256 ReLU units),
 the same hyperparameters (IQL: expectile 0.7, beta 3, max weight 100, tau 0.005,
 lr 3e-4; BC: lr 1e-3) and one torch thread. ``--reward-scale c`` multiplies IQL's rewards
-by c on both sides (streamrl: ``algorithm.reward_scale``; d3rlpy: its
+by c on both sides (streamrl: ``algorithm.offline.reward_scale``; d3rlpy: its
 ``MultiplyRewardScaler``). For Box actions d3rlpy gets a ``MinMaxActionScaler`` to the
 environment's bounds: its policies end in tanh, so without it they can only play actions
 in [-1, 1] (Pendulum's torque is in [-2, 2]). Both final policies are scored by the same
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models.policies import load_policy
 from streamrl.run.launch import train
 from streamrl.sources.gym import make_env
@@ -73,10 +73,10 @@ def run_streamrl(
     overrides = [
         f"seed={seed}", "model.name_or_path=mlp", f"model.options={{hidden: {HIDDEN}}}",
         "data.kind=minari", f"data.options={{dataset_id: {dataset_id}, batch_transitions: {batch}}}",
-        "rollout.episode=gym", "rollout.group_size=1", f"algorithm.advantage={algo}",
-        f"algorithm.q_hidden={HIDDEN}", "algorithm.gamma=0.99", "sft.steps=0",
+        "rollout.episode=gym", "rollout.group_size=1", f"algorithm.name={algo}",
+        f"algorithm.offline.q_hidden={HIDDEN}", "algorithm.offline.gamma=0.99", "sft.steps=0",
         f"train.steps={steps}", "train.items_per_step=1", "train.max_grad_norm=1e6",
-        f"train.lr={1e-3 if algo == 'bc' else 3e-4}", f"algorithm.reward_scale={reward_scale}",
+        f"train.lr={1e-3 if algo == 'bc' else 3e-4}", f"algorithm.offline.reward_scale={reward_scale}",
         "runtime.threads=1",
         "runtime.rollout_threads=1", "eval.every=0", "eval.heldout_size=1",
         f"run.output_dir={out}", f"run.name={algo}-{seed}", "run.progress=false",

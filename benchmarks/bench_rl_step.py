@@ -65,7 +65,7 @@ def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
     import torch
 
     from streamrl.analysis.evaluate import evaluate_model
-    from streamrl.config.schema import load_config
+    from streamrl.config import load_config
     from streamrl.models import load_model
     from streamrl.rollout.episodes import build_episode
     from streamrl.rollout.rewards import build_reward

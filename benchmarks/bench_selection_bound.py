@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest, SamplingParams
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.models.loading import load_model_and_tokenizer

@@ -1,7 +1,7 @@
 """Weight sync: how long publishing new weights to every rollout worker takes.
 
 For each model x backend x worker count, a RolloutPool is started with admission
-held (``pool.hold(True)`` before ``start()``: no items are dispatched, so the
+off (``pool.admit(False)`` before ``start()``: no items are dispatched, so the
 workers stay idle and only weight traffic is measured). After every worker has
 loaded version 0, the trainer publishes ``--repeats`` fresh state dicts
 (versions 1..K, each a new perturbed copy made outside the timed region) and
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.sources import build_task_source
 from streamrl.stream.backends import RolloutPool, make_backend, plan_placement
@@ -113,7 +113,7 @@ def bench(model: torch.nn.Module, tokenizer, name: str, backend: str, workers: i
     stream = SampleStream(items_per_batch=4, max_staleness=1)
     items = build_task_source("arithmetic", digits=2, operators="+").train_iter(0)
     pool = RolloutPool(be, stream, items, worker_timeout_s=cfg.runtime.worker_timeout_s)
-    pool.hold(True)  # _dispatch admits nothing while held: workers stay idle
+    pool.admit(False)  # _dispatch admits nothing: workers stay idle
     pool.start()
     try:
         pool.wait_version(0, timeout=300)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, load_config
 from streamrl.core.types import GenerationResult
 from streamrl.engines.inference.engine import EngineStats
 from streamrl.models import load_model_and_tokenizer
@@ -32,7 +32,7 @@ def endpoint_cfg(tmp_path: Path, *extra: str) -> Config:
             "train.items_per_step=1",
             "train.steps=2",
             "stream.max_staleness=0",
-            "algorithm.advantage=reinforce_pp",
+            "algorithm.name=reinforce_pp",
             "algorithm.dynamic_sampling=false",
             "rollout.max_new_tokens=4",
             "endpoint.enabled=true",

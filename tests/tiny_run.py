@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamrl.config.schema import Config, load_config
+from streamrl.algorithms import Algorithm, build_algorithm
+from streamrl.config import Config, RunContext, load_config
 
 QUIET_TINY = [
     "model.name_or_path=tiny-small",
@@ -27,3 +28,9 @@ def tiny_rl_config(output_dir: Path, *overrides: str) -> Config:
 
 def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def algorithm_of(cfg: Config) -> Algorithm:
+    """The run's algorithm, built as the controller builds it: from its own section and
+    the few values of other sections it needs."""
+    return build_algorithm(cfg.algorithm, RunContext.of(cfg))

@@ -31,7 +31,9 @@ from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
 def served_model(base_url: str, contains: str) -> str:
     caps = tinker.RestClient(base_url=base_url).get_server_capabilities().result()
-    names = [m.model_name for m in caps.supported_models if contains.lower() in m.model_name.lower()]
+    names = [
+        m.model_name for m in caps.supported_models if contains.lower() in m.model_name.lower()
+    ]
     if not names:
         raise SystemExit(f"no served model contains {contains!r}: {caps.supported_models}")
     return names[0]

@@ -3,18 +3,21 @@ that use them.
 
 - ``advantages.py``: outcome-reward estimators, ``fn(rewards (N,), item_index (N,)) -> (N,)``.
 - ``losses.py``: policy losses and ``RLLoss``, the ``loss_fn(outputs, batch)`` that
-  ``TrainEngine.train_batch`` calls.
-- ``base.py``: the ``Algorithm`` interface and ``build_algorithm(cfg)``.
+  ``TrainEngine.train_batch`` calls (every loss is a :class:`~streamrl.core.loss.LossFn`).
+- ``base.py``: the ``Algorithm`` interface and ``build_algorithm(cfg.algorithm, run)``:
+  an algorithm takes its own config section and a :class:`~streamrl.config.RunContext`.
 - ``dpo.py``: preference losses (DPO, IPO) of the DPO stage; ``alol.py``: the A-LoL
   policy loss and its value baseline (offline stages).
 - ``policy_gradient.py`` (GRPO & co.), ``remax.py``, ``actor_critic.py`` (PPO with a
-  learned critic: GAE, V-trace), ``distill.py`` (on-policy distillation: a teacher's
-  per-token reverse KL): one file per algorithm; ``returns.py``: GAE, V-trace.
+  learned critic: ``ppo`` by GAE, ``appo`` by V-trace), ``distill.py`` (on-policy
+  distillation: a teacher's per-token reverse KL): one file per algorithm;
+  ``returns.py``: GAE, V-trace.
 - ``offline.py`` (bc, iql, td3_bc on logged and online transitions) with its pure
   losses in ``offline_losses.py``.
+- ``stages/``: the pre-RL stages (SFT, DPO, A-LoL) behind one ``Stage`` protocol.
 """
 
-from streamrl.algorithms import actor_critic as actor_critic  # registers gae, vtrace
+from streamrl.algorithms import actor_critic as actor_critic  # registers ppo, appo
 from streamrl.algorithms import advantages as advantages
 from streamrl.algorithms import alol as alol  # registers the alol policy loss
 from streamrl.algorithms import distill as distill  # registers distill
@@ -26,6 +29,7 @@ from streamrl.algorithms.base import (
     ExtraRollout,
     Filtered,
     algorithm_class,
+    algorithm_names,
     build_algorithm,
     register_algorithm,
 )
@@ -34,6 +38,7 @@ from streamrl.algorithms.losses import (
     PolicyLossFn,
     PolicyLossParams,
     RLLoss,
+    SFTLoss,
     aggregate,
     kl_penalty,
     loss_weight,
@@ -42,6 +47,7 @@ from streamrl.algorithms.losses import (
 )
 from streamrl.algorithms.policy_gradient import PolicyGradient, zero_variance
 from streamrl.algorithms.registry import (
+    AdvantageFn,
     UnknownNameError,
     advantage_names,
     get_advantage,
@@ -54,6 +60,7 @@ from streamrl.algorithms.remax import ReMax
 
 __all__ = [
     "AGG_MODES",
+    "AdvantageFn",
     "Algorithm",
     "ExtraRollout",
     "Filtered",
@@ -62,10 +69,12 @@ __all__ = [
     "PolicyLossParams",
     "RLLoss",
     "ReMax",
+    "SFTLoss",
     "UnknownNameError",
     "advantage_names",
     "aggregate",
     "algorithm_class",
+    "algorithm_names",
     "broadcast_to_tokens",
     "build_algorithm",
     "get_advantage",

@@ -1,9 +1,10 @@
 """The ``Algorithm`` object: everything algorithm-specific, in one place.
 
 The controller never asks which algorithm runs. It builds one object from the
-config and calls, in this order::
+``algorithm`` section (and the few values of other sections it needs, named in a
+:class:`~streamrl.config.RunContext`) and calls, in this order::
 
-    algo = build_algorithm(cfg)              # also built inside every rollout worker
+    algo = build_algorithm(cfg.algorithm, RunContext.of(cfg))   # also in every rollout worker
     algo.setup(trainer, tokenizer)           # extra models: a frozen reference, a critic
     batch = algo.prepare(groups, trainer, timer)   # advantages, extra forwards
     trainer.train_batch(batch, algo.loss_fn, num_minibatches=...)
@@ -16,10 +17,10 @@ to train on, or into a filter reason (dynamic sampling).
 Checkpoints hold ``state_dict()``: the extra models' weights and any state the
 algorithm keeps between steps.
 
-``algorithm.advantage`` names the estimator. Estimators that need only rewards are
-pure functions (``register_advantage``) served by :class:`PolicyGradient`. One
-that needs more (a greedy baseline, a learned critic) registers an Algorithm class
-under the same name with :func:`register_algorithm`; see ``remax.py``.
+``algorithm.name`` names the algorithm. Outcome-reward estimators that need only
+rewards are pure functions (``register_advantage``) served by :class:`PolicyGradient`.
+An algorithm that needs more (a greedy baseline, a learned critic) registers an
+Algorithm class under its name with :func:`register_algorithm`; see ``remax.py``.
 """
 
 from __future__ import annotations
@@ -29,13 +30,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-import torch
-
 from streamrl.algorithms.registry import UnknownNameError, advantage_names
-from streamrl.core.types import Batch, Trajectory
+from streamrl.config import AlgorithmConfig, RunContext
+from streamrl.core.loss import LossFn
+from streamrl.core.sample import Sample
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
     from streamrl.stream.sample_stream import Group
 
 
@@ -71,15 +71,15 @@ class Algorithm:
     #: rollouts each item needs beyond ``rollout.group_size`` samples
     extra_rollouts: ClassVar[tuple[ExtraRollout, ...]] = ()
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
+        self.cfg, self.run = cfg, run
 
     # ------------------------------------------------------------ rollout side
 
     def finish_group(
-        self, samples: list[Trajectory], extras: dict[str, Trajectory]
-    ) -> list[Trajectory] | Filtered:
-        """The trajectories to train on, or why the group is dropped."""
+        self, samples: list[Sample], extras: dict[str, Sample]
+    ) -> list[Sample] | Filtered:
+        """The samples to train on, or why the group is dropped."""
         return samples
 
     # ------------------------------------------------------------ trainer side
@@ -87,12 +87,12 @@ class Algorithm:
     def setup(self, trainer: Any, tokenizer: Any) -> None:
         """Build the models the algorithm owns beyond the policy (after SFT)."""
 
-    def prepare(self, groups: list[Group], trainer: Any, timer: Timer) -> Batch:
+    def prepare(self, groups: list[Group], trainer: Any, timer: Timer) -> Any:
         """A training batch with everything ``loss_fn`` reads."""
         raise NotImplementedError
 
     @property
-    def loss_fn(self) -> Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict]]:
+    def loss_fn(self) -> LossFn:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,7 +109,7 @@ DEFAULT = "policy_gradient"
 
 
 def register_algorithm(name: str) -> Callable[[A], A]:
-    """Class decorator: ``algorithm.advantage: <name>`` builds this class."""
+    """Class decorator: ``algorithm.name: <name>`` builds this class."""
 
     def decorator(cls: A) -> A:
         if name in _ALGORITHMS and _ALGORITHMS[name] is not cls:
@@ -120,18 +120,29 @@ def register_algorithm(name: str) -> Callable[[A], A]:
     return decorator
 
 
-def algorithm_class(advantage: str) -> type[Algorithm]:
-    """The Algorithm class that serves ``algorithm.advantage``; unknown names fail here."""
-    if advantage in _ALGORITHMS:
-        return _ALGORITHMS[advantage]
-    if advantage not in advantage_names():
-        known = sorted(set(advantage_names()) | set(_ALGORITHMS) - {DEFAULT})
+def algorithm_names() -> list[str]:
+    """Every name ``algorithm.name`` takes: the registered algorithms and estimators."""
+    return sorted(set(advantage_names()) | set(_ALGORITHMS) - {DEFAULT})
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The Algorithm class that serves ``algorithm.name``; unknown names fail here."""
+    if name in _ALGORITHMS:
+        return _ALGORITHMS[name]
+    if name not in advantage_names():
         raise UnknownNameError(
-            f"algorithm.advantage: unknown advantage {advantage!r}; known: {', '.join(known)}"
+            f"algorithm.name: unknown algorithm {name!r}; known: {', '.join(algorithm_names())}"
         )
     return _ALGORITHMS[DEFAULT]
 
 
-def build_algorithm(cfg: Config) -> Algorithm:
-    """The run's algorithm object (validates its config: names, group sizes, ...)."""
-    return algorithm_class(cfg.algorithm.advantage)(cfg)
+def build_algorithm(cfg: AlgorithmConfig, run: RunContext) -> Algorithm:
+    """The run's algorithm object from its section and the run around it (validates:
+    names, group sizes, ...)."""
+    return algorithm_class(cfg.name)(cfg, run)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The tokenizer's padding id (0 without one, or without a tokenizer)."""
+    pad = getattr(tokenizer, "pad_token_id", None)  # (a Hugging Face tokenizer's)
+    return pad if pad is not None else 0

@@ -4,7 +4,7 @@ The engine that samples (``pi_behave``, its log-probs recorded per token) and th
 trainer (``pi_prox``: the same weights, the trainer's own numerics) can disagree:
 different kernels, batch shapes, a bf16 GPU engine. The decoupled objective already
 weights each token by ``w = pi_prox / pi_behave``; a correction decides what to do
-with extreme ``w`` (``algorithm.is_correction``), each a pure function registered by
+with extreme ``w`` (``algorithm.correction.kind``), each a pure function registered by
 name:
 
 - ``none``: w as it is;

@@ -7,13 +7,13 @@ student's own samples is KL(student || teacher), which is mode-seeking: the stud
 pushed off the tokens the teacher finds unlikely, on the states the student itself
 reaches (Agarwal et al., 2024; Thinking Machines' "On-policy distillation", 2025).
 
-``algorithm.distill.mode``:
+``algorithm.distill.mode`` (``algorithm.name: distill``):
 
 - ``advantage`` (the default): token t's advantage is
   ``coef * (log p_teacher - log p_student_behave)``, trained with the run's policy loss
   (``algorithm.policy_loss``, with its clipping and decoupled correction): REINFORCE on
   the negative reverse KL, one advantage per token;
-- ``loss``: the advantages are 0 and the reverse KL (the ``algorithm.kl_kind`` estimator
+- ``loss``: the advantages are 0 and the reverse KL (the ``algorithm.kl.kind`` estimator
   against the teacher's log-probs) is a penalty of weight ``coef`` in the loss, as the KL
   to a reference model is.
 
@@ -36,6 +36,7 @@ import torch
 from streamrl.algorithms.base import Filtered, Timer, register_algorithm
 from streamrl.algorithms.losses import RLLoss
 from streamrl.algorithms.policy_gradient import PolicyGradient
+from streamrl.config.algorithm import AlgorithmConfig, RunContext
 from streamrl.config.distill import DistillConfig
 from streamrl.core.types import Batch, Trajectory
 from streamrl.models.loading import check_model_source, load_model_and_tokenizer
@@ -135,16 +136,16 @@ class Distill(PolicyGradient):
     """The policy-gradient update (its loss, clipping and decoupled correction) with the
     teachers' per-token signal in place of reward advantages."""
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        self.distill: DistillConfig = cfg.algorithm.distill
+    def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
+        super().__init__(cfg, run)
+        self.distill: DistillConfig = cfg.distill
         self.teachers = Teachers(self.distill)
         self.teachers.check()
         if self.distill.mode == "loss":
-            if cfg.algorithm.kl_coef > 0:
+            if cfg.kl.coef > 0:
                 raise ValueError(
                     "algorithm.distill.mode=loss puts the teacher where the KL reference is: "
-                    "set algorithm.kl_coef to 0"
+                    "set algorithm.kl.coef to 0"
                 )
             # the teacher's log-probs stand in the reference's (reported as kl_ref)
             self._loss = replace(self._loss, kl_coef=self.distill.coef)

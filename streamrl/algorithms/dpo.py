@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from streamrl.algorithms.registry import _get, _register
+from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
 
 F_ = TypeVar("F_", bound=Callable)
@@ -83,7 +84,7 @@ def sequence_logratio(
 
 
 @dataclass(frozen=True)
-class DPOLoss:
+class DPOLoss(LossFn):
     """loss_fn(outputs, batch) -> (loss, metrics) for ``TrainEngine.train_batch``.
 
     The batch interleaves pairs: row 2k is pair k's chosen completion, row 2k+1 its

@@ -29,6 +29,7 @@ import torch
 
 from streamrl.algorithms.corrections import get_correction, mismatch_metrics
 from streamrl.algorithms.registry import get_policy_loss, register_policy_loss
+from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
 
 # Log-ratios are clamped here before exp: beyond e^20 a ratio carries no useful signal.
@@ -158,6 +159,12 @@ class PolicyLossParams:
 
 
 class PolicyLossFn(Protocol):
+    """A registered policy loss (``register_policy_loss``)."""
+
+    agg_mode: str | None
+    """The aggregation the loss is defined with (GSPO: sequence-level), used for every
+    term instead of ``params.agg_mode``; None: the configured one."""
+
     def __call__(
         self,
         logprobs: torch.Tensor,
@@ -354,16 +361,21 @@ def kl_penalty(
     return _KL_ESTIMATORS[kind](logprobs - ref_logprobs)
 
 
-def sft_loss(
-    outputs: dict[str, torch.Tensor], batch: Batch
-) -> tuple[torch.Tensor, dict[str, float]]:
+class SFTLoss(LossFn):
     """Token-mean negative log-likelihood of ``batch.loss_mask`` tokens."""
-    nll = aggregate(-outputs["logprobs"], batch.loss_mask, "token_mean")
-    return nll, {"nll": nll.item()}
+
+    def __call__(
+        self, outputs: dict[str, torch.Tensor], batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        nll = aggregate(-outputs["logprobs"], batch.loss_mask, "token_mean")
+        return nll, {"nll": nll.item()}
+
+
+sft_loss = SFTLoss()
 
 
 @dataclass(frozen=True)
-class RLLoss:
+class RLLoss(LossFn):
     """loss_fn(outputs, batch) -> (loss, metrics) for ``TrainEngine.train_batch``.
 
     total = policy_loss + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy).
@@ -383,8 +395,8 @@ class RLLoss:
     proximal_from_current: bool = False
 
     def __post_init__(self) -> None:
-        fn = get_policy_loss(self.policy_loss)  # fails early on an unknown name
-        pinned = getattr(fn, "agg_mode", None)
+        fn: PolicyLossFn = get_policy_loss(self.policy_loss)  # fails early on an unknown name
+        pinned = fn.agg_mode
         if pinned is not None and pinned != self.params.agg_mode:
             object.__setattr__(self, "params", replace(self.params, agg_mode=pinned))
         if self.kl_kind not in _KL_ESTIMATORS:

@@ -1,4 +1,4 @@
-"""Offline and offline-to-online RL on transitions: ``algorithm.advantage: bc | iql | td3_bc``.
+"""Offline and offline-to-online RL on transitions: ``algorithm.name: bc | iql | td3_bc``.
 
 Each is an :class:`~streamrl.algorithms.base.Algorithm`; the controller runs them as it
 runs PPO. ``prepare`` turns the batch's groups into one
@@ -11,7 +11,7 @@ trainer runs ``train.num_minibatches`` optimizer steps on it with the algorithm'
   expectile of the target twin Q(s, a); the twin Q regresses on r + gamma V(s'); the
   policy is extracted by advantage-weighted regression, weights exp(beta (Q - V))
   capped. Discrete actions (Q(s, .) heads) and continuous ones (Q(s, a)). Rewards enter
-  the TD target times ``algorithm.reward_scale`` (IQL's reward normalisation: beta reads
+  the TD target times ``algorithm.offline.reward_scale`` (IQL's reward normalisation: beta reads
   advantages in those units); ``awr_ess`` reports how concentrated the weights are.
 - ``td3_bc`` (Fujimoto & Gu 2021), continuous actions: the Gaussian policy's mean is
   the deterministic actor (its fixed log-std is the exploration noise when it plays
@@ -45,18 +45,18 @@ from streamrl.algorithms.offline_losses import (
     td3_critic_loss,
     td3_target,
 )
-from streamrl.core.transitions import Transitions, concat, segment_transitions
+from streamrl.config import AlgorithmConfig, RunContext
+from streamrl.core.loss import LossFn
+from streamrl.core.sample import Sample
+from streamrl.core.transitions import Transitions, concat
+from streamrl.engines.train.policy import PolicyTrainEngine
 from streamrl.models.q_networks import TwinQ, frozen_copy, polyak_update
 
 
 def batch_transitions(groups: list[Any]) -> Transitions:
-    """The groups' trajectories as one Transitions (logged ones first as they come)."""
-    parts = [
-        t if isinstance(t, Transitions) else segment_transitions(t)
-        for g in groups
-        for t in g.trajectories
-    ]
-    return concat(parts)
+    """The groups' samples as one Transitions, in order (logged ones as they are,
+    environment segments turned into their transitions)."""
+    return concat([t.transitions() for g in groups for t in g.trajectories])
 
 
 def _value(policy: Any, obs_n: torch.Tensor) -> torch.Tensor:
@@ -70,14 +70,14 @@ def _mean_action(policy: Any, obs_n: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class BCLoss:
+class BCLoss(LossFn):
     def __call__(self, outputs: dict[str, torch.Tensor], batch: Transitions) -> tuple:
         loss = bc_loss(outputs["logprobs"])
         return loss, {"bc_nll": float(loss.detach())}
 
 
 @dataclass(eq=False)
-class IQLLoss:
+class IQLLoss(LossFn):
     policy: Any
     q: TwinQ
     target_q: TwinQ
@@ -119,7 +119,7 @@ class IQLLoss:
 
 
 @dataclass(eq=False)
-class TD3BCLoss:
+class TD3BCLoss(LossFn):
     policy: Any
     q: TwinQ
     target_q: TwinQ
@@ -143,9 +143,13 @@ class TD3BCLoss:
         obs_n, next_n = self.policy.normalize(batch.obs), self.policy.normalize(batch.next_obs)
         with torch.no_grad():
             next_a = smoothed_actions(
-                self.target_actor(next_n), self.low, self.high,
-                noise=self.noise, noise_clip=self.noise_clip, generator=self.generator,
-            )  # fmt: skip
+                self.target_actor(next_n),
+                self.low,
+                self.high,
+                noise=self.noise,
+                noise_clip=self.noise_clip,
+                generator=self.generator,
+            )
             y = td3_target(
                 batch.rewards, batch.terminated, *self.target_q(next_n, next_a), gamma=self.gamma
             )
@@ -174,18 +178,17 @@ class TransitionAlgorithm(Algorithm):
     """What bc, iql and td3_bc share: one sample per item, transitions in, metrics of
     the logged/online mix out."""
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        name = cfg.algorithm.advantage
-        if cfg.rollout.group_size != 1:
+    def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
+        super().__init__(cfg, run)
+        if run.group_size != 1:
             raise ValueError(
-                f"algorithm.advantage={name} trains on transitions: rollout.group_size must "
-                f"be 1, got {cfg.rollout.group_size}"
+                f"algorithm.name={cfg.name} trains on transitions: rollout.group_size must "
+                f"be 1, got {run.group_size}"
             )
-        if cfg.rollout.episode != "gym":
+        if run.episode != "gym":
             raise ValueError(
-                f"algorithm.advantage={name} needs rollout.episode=gym (logged items and "
-                f"environment segments), got {cfg.rollout.episode!r}"
+                f"algorithm.name={cfg.name} needs rollout.episode=gym (logged items and "
+                f"environment segments), got {run.episode!r}"
             )
         self._loss: Any = None
 
@@ -193,14 +196,16 @@ class TransitionAlgorithm(Algorithm):
     def loss_fn(self) -> Any:
         return self._loss
 
-    def finish_group(self, samples: list[Any], extras: dict[str, Any]) -> list[Any] | Filtered:
+    def finish_group(
+        self, samples: list[Sample], extras: dict[str, Sample]
+    ) -> list[Sample] | Filtered:
         return samples
 
     def setup(self, trainer: Any, tokenizer: Any) -> None:
-        if not hasattr(trainer.model, "obs_shape"):
+        if not isinstance(trainer, PolicyTrainEngine):
             raise ValueError(
-                f"algorithm.advantage={self.cfg.algorithm.advantage} trains an environment "
-                "policy (model.name_or_path: mlp or a saved policy), not a language model"
+                f"algorithm.name={self.cfg.name} trains an environment policy "
+                "(model.name_or_path: mlp or a saved policy), not a language model"
             )
 
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Transitions:
@@ -212,8 +217,8 @@ class TransitionAlgorithm(Algorithm):
 
 @register_algorithm("bc")
 class BehaviorCloning(TransitionAlgorithm):
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
+        super().__init__(cfg, run)
         self._loss = BCLoss()
 
 
@@ -224,13 +229,13 @@ class _QAlgorithm(TransitionAlgorithm):
         policy = trainer.model
         if policy.config["arch"] != "mlp":
             raise ValueError(
-                f"algorithm.advantage={self.cfg.algorithm.advantage} has MLP Q-networks: it "
-                "needs vector observations and an mlp policy (model.name_or_path: mlp)"
+                f"algorithm.name={self.cfg.name} has MLP Q-networks: it needs vector "
+                "observations and an mlp policy (model.name_or_path: mlp)"
             )
         obs_dim = policy.obs_shape[0]
         with torch.random.fork_rng(devices=[]):  # the init is the seed's, whatever ran before
-            torch.manual_seed(self.cfg.seed + 17)
-            q = TwinQ(obs_dim, policy.act_dim, policy.discrete, list(self.cfg.algorithm.q_hidden))
+            torch.manual_seed(self.run.seed + 17)
+            q = TwinQ(obs_dim, policy.act_dim, policy.discrete, list(self.cfg.offline.q_hidden))
         trainer.add_trainable(q)
         return q, frozen_copy(q).to(trainer.device)
 
@@ -247,34 +252,49 @@ class _QAlgorithm(TransitionAlgorithm):
 class IQL(_QAlgorithm):
     def setup(self, trainer: Any, tokenizer: Any) -> None:
         super().setup(trainer, tokenizer)
-        a = self.cfg.algorithm
+        o = self.cfg.offline
         q, target_q = self._twin_q(trainer)
         self._loss = IQLLoss(
-            trainer.model, q, target_q, gamma=a.gamma, expectile=a.expectile,
-            beta=a.awr_beta, max_weight=a.awr_max_weight, tau=a.target_tau,
-            reward_scale=a.reward_scale,
-        )  # fmt: skip
+            trainer.model,
+            q,
+            target_q,
+            gamma=o.gamma,
+            expectile=o.expectile,
+            beta=o.awr_beta,
+            max_weight=o.awr_max_weight,
+            tau=o.target_tau,
+            reward_scale=o.reward_scale,
+        )
 
 
 @register_algorithm("td3_bc")
 class TD3BC(_QAlgorithm):
     def setup(self, trainer: Any, tokenizer: Any) -> None:
         super().setup(trainer, tokenizer)
-        policy, a = trainer.model, self.cfg.algorithm
+        policy, o = trainer.model, self.cfg.offline
         if policy.discrete:
             raise ValueError(
-                "algorithm.advantage=td3_bc needs continuous (Box) actions; for Discrete "
+                "algorithm.name=td3_bc needs continuous (Box) actions; for Discrete "
                 "actions use iql or bc"
             )
         q, target_q = self._twin_q(trainer)
         box = policy.config["action"]
         bound = lambda k: torch.tensor(box[k], dtype=torch.float32).reshape(-1)  # noqa: E731
         self._loss = TD3BCLoss(
-            policy, q, target_q, frozen_copy(policy.actor), bound("low").to(trainer.device),
-            bound("high").to(trainer.device), gamma=a.gamma, alpha=a.td3_alpha,
-            noise=a.policy_noise, noise_clip=a.noise_clip, delay=a.policy_delay,
-            tau=a.target_tau, generator=torch.Generator().manual_seed(self.cfg.seed),
-        )  # fmt: skip
+            policy,
+            q,
+            target_q,
+            frozen_copy(policy.actor),
+            bound("low").to(trainer.device),
+            bound("high").to(trainer.device),
+            gamma=o.gamma,
+            alpha=o.td3_alpha,
+            noise=o.policy_noise,
+            noise_clip=o.noise_clip,
+            delay=o.policy_delay,
+            tau=o.target_tau,
+            generator=torch.Generator().manual_seed(self.run.seed),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         loss = self._loss

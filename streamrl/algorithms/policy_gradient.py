@@ -1,10 +1,10 @@
 """Outcome-reward policy gradient: GRPO, Dr. GRPO, RLOO, REINFORCE++ and friends.
 
 One scalar advantage per trajectory, from the rewards of its group (a registered
-pure function, ``algorithm.advantage``), is given to every generated token, and a
+pure function, named by ``algorithm.name``), is given to every generated token, and a
 registered policy loss (``algorithm.policy_loss``: PPO-clip, GSPO, CISPO) is
 minimised, optionally with a KL penalty to a frozen copy of the starting policy
-and an entropy bonus. With ``algorithm.decoupled`` the loss clips against the
+(``algorithm.kl.*``) and an entropy bonus. With ``algorithm.decoupled`` the loss clips against the
 proximal policy (AReaL's decoupled PPO), which corrects for stale samples.
 """
 
@@ -21,10 +21,12 @@ from streamrl.algorithms.base import (
     Algorithm,
     Filtered,
     Timer,
+    pad_id,
     register_algorithm,
 )
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
-from streamrl.algorithms.registry import advantage_names, get_advantage
+from streamrl.algorithms.registry import AdvantageFn, advantage_names, get_advantage
+from streamrl.config import AlgorithmConfig, CorrectionConfig, RunContext
 from streamrl.core.types import WEIGHT_KEY, Batch, Trajectory
 
 
@@ -42,41 +44,60 @@ def sample_weights(trajectories: list[Trajectory]) -> torch.Tensor:
     return w / w.mean()
 
 
+def check_group_size(name: str, group_size: int) -> None:
+    """A group-relative estimator needs two samples per item to compare."""
+    if group_size < 2:
+        raise ValueError(
+            f"algorithm.name={name} compares the samples of one prompt with each other, so "
+            f"rollout.group_size={group_size} gives every sample an advantage of 0 and "
+            "nothing is learned; use rollout.group_size >= 2"
+        )
+
+
+def correction_params(c: CorrectionConfig) -> dict[str, Any]:
+    """``PolicyLossParams``' fields of the decoupled weight's correction."""
+    return {
+        "behave_imp_weight_cap": c.behave_imp_weight_cap,
+        "is_correction": c.kind,
+        "is_cap": c.cap,
+        "icepop_band": (c.icepop_band[0], c.icepop_band[1]),
+    }
+
+
+def policy_loss_params(cfg: AlgorithmConfig, *, max_tokens: int | None) -> PolicyLossParams:
+    """The policy loss's hyper-parameters from the section (``max_tokens``: the
+    generation budget, Dr. GRPO's constant divisor)."""
+    return PolicyLossParams(
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        agg_mode=cfg.agg_mode,
+        max_tokens=max_tokens,
+        **correction_params(cfg.correction),
+    )
+
+
 @register_algorithm(DEFAULT)
 class PolicyGradient(Algorithm):
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        a = cfg.algorithm
+    def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
+        super().__init__(cfg, run)
         # an Algorithm registered under its own name may compute advantages itself
-        self.advantage_fn = get_advantage(a.advantage) if a.advantage in advantage_names() else None
-        if getattr(self.advantage_fn, "group_relative", False) and cfg.rollout.group_size < 2:
-            raise ValueError(
-                f"algorithm.advantage={a.advantage} compares the samples of one prompt with "
-                f"each other, so rollout.group_size={cfg.rollout.group_size} gives every sample "
-                "an advantage of 0 and nothing is learned; use rollout.group_size >= 2"
-            )
+        self.advantage_fn: AdvantageFn | None = (
+            get_advantage(cfg.name) if cfg.name in advantage_names() else None
+        )
+        if self.advantage_fn is not None and self.advantage_fn.group_relative:
+            check_group_size(cfg.name, run.group_size)
         # The proximal policy is the weights before this step's update. With one
         # optimizer step per batch they are the weights of the training forward itself
         # (the loss detaches them: no extra pass); with several, a separate forward
         # must freeze them before the first step.
-        steps = cfg.train.num_minibatches * cfg.train.epochs  # optimizer steps per batch
-        self.proximal_forward = a.decoupled and steps > 1
+        self.proximal_forward = cfg.decoupled and run.updates_per_batch > 1
         self._loss = RLLoss(
-            a.policy_loss,
-            PolicyLossParams(
-                clip_low=a.clip_low,
-                clip_high=a.clip_high,
-                agg_mode=a.agg_mode,
-                max_tokens=cfg.rollout.max_new_tokens,
-                behave_imp_weight_cap=a.behave_imp_weight_cap,
-                is_correction=a.is_correction,
-                is_cap=a.is_cap,
-                icepop_band=tuple(a.icepop_band),
-            ),
-            kl_coef=a.kl_coef,
-            kl_kind=a.kl_kind,
-            entropy_coef=a.entropy_coef,
-            proximal_from_current=a.decoupled and not self.proximal_forward,
+            cfg.policy_loss,
+            policy_loss_params(cfg, max_tokens=run.max_new_tokens),
+            kl_coef=cfg.kl.coef,
+            kl_kind=cfg.kl.kind,
+            entropy_coef=cfg.entropy_coef,
+            proximal_from_current=cfg.decoupled and not self.proximal_forward,
         )
         self.reference: Any = None
         self.pad_id = 0
@@ -88,14 +109,13 @@ class PolicyGradient(Algorithm):
     def finish_group(
         self, samples: list[Trajectory], extras: dict[str, Trajectory]
     ) -> list[Trajectory] | Filtered:
-        if self.cfg.algorithm.dynamic_sampling and zero_variance(samples):
+        if self.cfg.dynamic_sampling and zero_variance(samples):
             return Filtered(EQUAL_REWARDS)
         return samples
 
     def setup(self, trainer: Any, tokenizer: Any) -> None:
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = pad if pad is not None else 0
-        if self.cfg.algorithm.kl_coef > 0:  # KL to the policy RL starts from
+        self.pad_id = pad_id(tokenizer)
+        if self.cfg.kl.coef > 0:  # KL to the policy RL starts from
             self.reference = trainer.frozen_copy()
 
     def advantages(self, batch: Batch, trajectories: list[Trajectory]) -> Any:
@@ -131,5 +151,5 @@ class PolicyGradient(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "reference" in state:
             if self.reference is None:
-                raise ValueError("checkpoint has a reference model but algorithm.kl_coef is 0")
+                raise ValueError("checkpoint has a reference model but algorithm.kl.coef is 0")
             self.reference.load_state_dict(state["reference"])

@@ -12,9 +12,23 @@ never branches on the name itself::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
+
+import torch
 
 F = TypeVar("F", bound=Callable)
+
+
+class AdvantageFn(Protocol):
+    """A registered outcome-reward estimator (see ``advantages.py``)."""
+
+    group_relative: bool
+    """It compares the samples of one item with each other (needs group_size >= 2)."""
+
+    def __call__(
+        self, rewards: torch.Tensor, item_index: torch.Tensor, *, eps: float = 1e-6
+    ) -> torch.Tensor: ...
+
 
 _ADVANTAGES: dict[str, Callable] = {}
 _POLICY_LOSSES: dict[str, Callable] = {}
@@ -75,8 +89,8 @@ def register_policy_loss(name: str, *, agg_mode: str | None = None) -> Callable[
     return decorator
 
 
-def get_advantage(name: str) -> Callable:
-    return _get(_ADVANTAGES, "advantage", name)
+def get_advantage(name: str) -> AdvantageFn:
+    return _get(_ADVANTAGES, "advantage", name)  # type: ignore[return-value]
 
 
 def get_policy_loss(name: str) -> Callable:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from streamrl.analysis.evaluate import evaluate_model
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.atomic import distinct_paths
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
@@ -47,10 +47,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
             "run did not finish): nothing to evaluate"
         )
     source = build_task_source(cfg.data.kind, **cfg.data.options)
-    spaces = getattr(source, "observation_space", None), getattr(source, "action_space", None)
-    model, tokenizer = load_model(
-        model_path, gguf_file=cfg.model.gguf_file, spaces=spaces if spaces[0] else None
-    )
+    model, tokenizer = load_model(model_path, gguf_file=cfg.model.gguf_file, spaces=source.spaces())
     if args.split == "heldout":  # for an environment: --n ignored, each item is an episode
         items = source.heldout(cfg.eval.heldout_size)
     else:  # a prompt file: every row is evaluated

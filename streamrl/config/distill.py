@@ -1,4 +1,4 @@
-"""The ``algorithm.distill`` section: on-policy distillation (``algorithm.advantage:
+"""The ``algorithm.distill`` section: on-policy distillation (``algorithm.name:
 distill``). The student samples; a frozen teacher scores the student's tokens; the
 per-token reverse KL between them is the advantage (or the loss). The algorithm itself is
 :mod:`streamrl.algorithms.distill`; it reads this section only.
@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class DistillConfig(_Section):
+class DistillConfig(Section):
     """Which teacher scores which item, and how its log-probs become the training signal."""
 
     teacher: str | None = Field(
@@ -33,7 +33,7 @@ class DistillConfig(_Section):
         "advantage",
         description="advantage: token t's advantage is coef * (log p_teacher - log "
         "p_student) of the sampled token, trained with algorithm.policy_loss; loss: that "
-        "reverse KL is a penalty in the loss (estimator algorithm.kl_kind), the advantages 0.",
+        "reverse KL is a penalty in the loss (estimator algorithm.kl.kind), the advantages 0.",
     )
     coef: float = Field(1.0, gt=0, description="Weight of the reverse KL.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(

@@ -7,16 +7,16 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class VLLMOptions(_Section):
+class VLLMOptions(Section):
     """vLLM's own engine arguments (``rollout.engine: vllm``); streamrl sets the rest."""
 
     dtype: str = Field(
         "bfloat16",
         description="vLLM's weights and activations (the trainer keeps model.dtype; the gap "
-        "shows in mismatch/*, see algorithm.is_correction).",
+        "shows in mismatch/*, see algorithm.correction.kind).",
     )
     gpu_memory_utilization: float = Field(
         0.5,
@@ -37,7 +37,7 @@ class VLLMOptions(_Section):
     )
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     episode: str = Field(
         "single_turn",
         description="Registered episode kind: how one item is rolled out "
@@ -94,7 +94,7 @@ class RolloutConfig(_Section):
         "~1e-6 of MKL's: SmolLM2's linear layers ~1.8x faster at 16 rows on AVX2 (tiny "
         "models: slower). "
         "The trainer and evaluation stay fp32; the gap shows in mismatch/* "
-        "(see algorithm.is_correction).",
+        "(see algorithm.correction.kind).",
     )
     compile: bool = Field(
         False,
@@ -130,7 +130,7 @@ class RolloutConfig(_Section):
     )
 
 
-class AgentConfig(_Section):
+class AgentConfig(Section):
     """Multi-turn, tool-using episodes (``rollout.episode: agent``)."""
 
     tools: list[str] = Field(

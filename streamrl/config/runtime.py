@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class RuntimeConfig(_Section):
+class RuntimeConfig(Section):
     backend: Literal["local", "process", "ray"] = Field(
         "local",
         description="Where rollout workers run: 'local' (threads of this process; "

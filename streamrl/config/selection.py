@@ -8,10 +8,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class SelectionConfig(_Section):
+class SelectionConfig(Section):
     """Skip prompts whose next group is predicted to be all-equal (MoPPS/VADE-style): a
     Beta-Bernoulli posterior over each prompt's success rate, keyed by the item id, or the
     policy's own probability of the reference answer."""

@@ -1,42 +1,15 @@
-"""Config sections of the stages that run before RL (SFT, DPO, A-LoL), and ``_Section``,
-the base of every config section. :mod:`streamrl.config.schema` assembles them into ``Config``;
-every field is typed and documented where it is declared.
-"""
+"""The config sections of the stages that run before RL: ``sft``, ``dpo`` and ``alol``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
-from streamrl.config.options import non_finite
-
-
-class _Section(BaseModel):
-    """The base of every config section: unknown keys are errors, assignments are
-    validated, and no value holds a NaN or infinity (typed floats through
-    ``allow_inf_nan=False``; free-form dictionaries and lists, such as ``options``,
-    through the validator below)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _finite(cls, value: Any) -> Any:
-        if isinstance(value, dict | list) and (found := non_finite(value)):
-            raise PydanticCustomError(
-                "finite_entry",
-                "Input should be a finite number",
-                {"path": ".".join(found[0]), "value": found[1]},
-            )
-        return value
+from streamrl.config.base import LRSchedule, Section
 
 
-LRSchedule = Literal["constant", "linear", "cosine"]
-
-
-class SFTConfig(_Section):
+class SFTConfig(Section):
     steps: int = Field(
         3000,
         ge=0,
@@ -66,7 +39,7 @@ class SFTConfig(_Section):
     )
 
 
-class _OfflineStage(_Section):
+class _OfflineStage(Section):
     """What the offline language-model stages (DPO, A-LoL) share: a logged-data file and
     an optimizer schedule of their own (each stage starts a fresh AdamW)."""
 
@@ -78,6 +51,9 @@ class _OfflineStage(_Section):
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of linear/cosine decay, as a fraction."
     )
+    # no evaluation inside these stages (SFT's sft.eval_every, sft.stop_at_eval): not keys
+    eval_every: ClassVar[int] = 0
+    stop_at_eval: ClassVar[float | None] = None
 
 
 class DPOConfig(_OfflineStage):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from streamrl.config.stages import _Section
+from streamrl.config.base import Section
 
 
-class TinkerConfig(_Section):
+class TinkerConfig(Section):
     """Where the service listens, which base models it serves, and its limits. The safety
     defaults are the OpenAI endpoint's: loopback, a token, limits on bodies and headers."""
 

@@ -10,11 +10,12 @@ same form, so an algorithm sees one kind of batch whatever the mix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from streamrl.core.types import Segment
+if TYPE_CHECKING:
+    from streamrl.core.types import Segment
 
 
 @dataclass
@@ -28,10 +29,12 @@ class Transitions:
     versions:       (M,) long: the weight version that chose each action; -1 for logged
                     data (no version of this run's policy chose it)
 
-    The stream's duck-typed trajectory interface: ``reward``, ``num_generated`` (actions
-    chosen by this run's policy: 0 for logged data, so its staleness is counted from
-    the version its item was admitted at), ``min_version``, ``episode_returns``.
+    A :class:`~streamrl.core.sample.Sample` of environment steps: ``num_generated``
+    counts the actions chosen by this run's policy (0 for logged data, so its staleness
+    is counted from the version its item was admitted at).
     """
+
+    environment: ClassVar[bool] = True
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -65,6 +68,12 @@ class Transitions:
         played = self.versions[self.versions >= 0]
         return int(played.min()) if played.numel() else -1
 
+    def step_rewards(self) -> tuple[int, float]:
+        return self.size, float(self.rewards.sum())
+
+    def transitions(self) -> Transitions:
+        return self
+
     def rows(self, index: torch.Tensor) -> Transitions:
         return Transitions(**{name: getattr(self, name)[index] for name in TENSORS})
 
@@ -87,6 +96,7 @@ def segment_transitions(seg: Segment) -> Transitions:
     bootstrap), and a truncated step, whose final observation the segment does not
     keep, is left out (it would bootstrap from the wrong state).
 
+    >>> from streamrl.core.types import Segment
     >>> seg = Segment(
     ...     obs=torch.arange(6.0).reshape(3, 1, 2), actions=torch.zeros(3, 1, dtype=torch.long),
     ...     logprobs=torch.zeros(3, 1), values=torch.zeros(3, 1), rewards=torch.ones(3, 1),

@@ -10,9 +10,11 @@ object stores unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+from streamrl.core.transitions import Transitions, segment_transitions
 
 #: an item's (and its samples') metadata key for an importance weight that scales the
 #: sample's advantage: set by whoever issued the item (a group sampler), read by
@@ -113,7 +115,11 @@ class Trajectory:
     item_index:        the issue index of the item it answers; the samples of one
                        item (one prompt) form a group
     metadata:          reward components, decoded text, finish reason, ...
+
+    A :class:`~streamrl.core.sample.Sample`: a language model's tokens, scored as a whole.
     """
+
+    environment: ClassVar[bool] = False
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -139,6 +145,24 @@ class Trajectory:
     @property
     def num_generated(self) -> int:
         return int(self.loss_mask.sum())
+
+    @property
+    def logged(self) -> bool:
+        return False
+
+    @property
+    def episode_returns(self) -> list[float]:
+        return []
+
+    @property
+    def episode_lengths(self) -> list[int]:
+        return []
+
+    def step_rewards(self) -> tuple[int, float]:
+        return 1, self.reward
+
+    def transitions(self) -> Transitions:
+        raise TypeError("a language model's trajectory has no environment transitions")
 
 
 @dataclass
@@ -229,7 +253,11 @@ class Segment:
     Environments reset in the step an episode ends (gymnasium's same-step autoreset), so
     step t's transition is always (obs[t], actions[t], rewards[t], next state), with the
     final observation of an ended episode only in ``final_values``.
+
+    A :class:`~streamrl.core.sample.Sample` of environment steps this run's policy played.
     """
+
+    environment: ClassVar[bool] = True
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -259,3 +287,13 @@ class Segment:
     @property
     def num_generated(self) -> int:
         return int(self.rewards.numel())
+
+    @property
+    def logged(self) -> bool:
+        return False
+
+    def step_rewards(self) -> tuple[int, float]:
+        return int(self.rewards.numel()), float(self.rewards.sum())
+
+    def transitions(self) -> Transitions:
+        return segment_transitions(self)

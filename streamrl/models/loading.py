@@ -107,11 +107,9 @@ def load_tokenizer(
     """The tokenizer of the language model ``load_model`` would load, and the model's
     context length (``max_position_embeddings``, what the inference engine holds), without
     loading the weights; None for an environment policy."""
-    from streamrl.models.policies import POLICY_PRESETS, is_policy_dir
+    from streamrl.models.policies import names_a_policy
 
-    if name_or_path in POLICY_PRESETS or (
-        os.path.isdir(os.path.expanduser(name_or_path)) and is_policy_dir(name_or_path)
-    ):
+    if names_a_policy(name_or_path):
         return None
     if name_or_path in TINY_PRESETS:
         return build_char_tokenizer(), PRESET_CONTEXT
@@ -153,11 +151,9 @@ def load_model(
 def check_model_source(name_or_path: str, gguf_file: str | None = None) -> None:
     """Fail now, naming the path, if ``load_model_and_tokenizer`` could not find the
     model (nothing is loaded or converted). Raises FileNotFoundError / ValueError."""
-    from streamrl.models.policies import POLICY_PRESETS, is_policy_dir
+    from streamrl.models.policies import names_a_policy
 
-    if name_or_path in POLICY_PRESETS or (
-        os.path.isdir(os.path.expanduser(name_or_path)) and is_policy_dir(name_or_path)
-    ):
+    if names_a_policy(name_or_path):
         return
     if name_or_path in TINY_PRESETS or name_or_path.lower() == SMOLLM2_ALIAS:
         if name_or_path.lower() == SMOLLM2_ALIAS:

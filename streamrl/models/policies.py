@@ -88,10 +88,14 @@ class Policy(nn.Module):
                 raise ValueError(f"cnn needs (C, H, W) observations, got {self.obs_shape}")
             c = self.obs_shape[0]
             self.trunk = nn.Sequential(
-                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
-            )  # fmt: skip
+                nn.Conv2d(c, 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             with torch.no_grad():
                 width = self.trunk(torch.zeros(1, *self.obs_shape)).shape[1]
             self.trunk.append(_layer(width, 512))
@@ -230,6 +234,12 @@ def build_policy(name: str, observation_space: Any, action_space: Any, **options
 def is_policy_dir(path: str | Path) -> bool:
     config = Path(path) / "config.json"
     return config.is_file() and "streamrl_policy" in json.loads(config.read_text())
+
+
+def names_a_policy(name_or_path: str) -> bool:
+    """Whether ``model.name_or_path`` is an environment policy: a preset or a saved one."""
+    path = Path(name_or_path).expanduser()
+    return name_or_path in POLICY_PRESETS or (path.is_dir() and is_policy_dir(path))
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -11,7 +11,7 @@ pipeline leaves exactly the same weights as this loop
 (eta >= 1), several workers and backends, fault tolerance, checkpoints and the
 run directory. Read the pieces in this order:
 
-    config ........ streamrl/config/schema.py          every key, typed and documented
+    config ........ streamrl/config/                   every key, typed and documented
     episode ....... streamrl/rollout/episodes/          prompt -> completion -> reward
     rollout_group . streamrl/rollout/worker.py         group_size episodes of one item
     algorithm ..... streamrl/algorithms/policy_gradient.py   advantages, loss
@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrl.algorithms import build_algorithm, sft_loss
-from streamrl.algorithms.stages.sft import run_sft, sft_batches
+from streamrl.algorithms import build_algorithm
+from streamrl.algorithms.stages import StageInputs, build_sft_stage, run_stage
 from streamrl.analysis.evaluate import evaluate_model
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, RunContext, load_config
 from streamrl.core.messages import GroupDone
 from streamrl.core.timing import StageTimer
 from streamrl.engines.factory import batch_invariant, engine_options, make_inference_engine
@@ -78,7 +78,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
     # The episode turns an item into one scored trajectory (prompt tokens masked);
     # the algorithm owns advantages, extra forwards and the loss.
     episode = build_episode(cfg, tokenizer, reward)
-    algo = build_algorithm(cfg)
+    algo = build_algorithm(cfg.algorithm, RunContext.of(cfg))
 
     # ---- 3. Optional supervised warm-start --------------------------------------
     if cfg.sft.steps:
@@ -90,21 +90,18 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
             total_steps=s.steps,
             min_lr_ratio=s.min_lr_ratio,
         )
-        demos = sft_batches(
-            tokenizer,
-            source.train_iter(cfg.seed + 1),
-            s.examples_per_step,
-            s.corrupt_fraction,
-            cfg.seed,
-            replay=getattr(episode, "replay", None),  # multi-turn teacher traces
+        # the task's reference answers (multi-turn teacher traces replayed by the episode)
+        inputs = StageInputs(
+            tokenizer, trainer, cfg.seed, items=source.train_iter, episode=lambda: episode
         )
-        _, last = run_sft(trainer, demos, s.steps, sft_loss, lambda step, m: None)
+        sft = build_sft_stage(s, inputs)
+        _, last = run_stage(trainer, sft.batches, s.steps, sft.loss_fn, lambda step, m: None)
         log(f"[sft] {s.steps} steps, final loss {last.get('loss', float('nan')):.3f}")
     engine.update_weights(trainer.state_dict_for_inference(), 0)  # version 0: RL's start
 
     # ---- 4. GRPO ------------------------------------------------------------------
     t = cfg.train
-    algo.setup(trainer, tokenizer)  # a frozen reference when algorithm.kl_coef > 0
+    algo.setup(trainer, tokenizer)  # a frozen reference when algorithm.kl.coef > 0
     trainer.reset_optimizer(
         t.lr,
         schedule=t.lr_schedule,

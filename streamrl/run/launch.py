@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from streamrl.analysis.runs import flatten
-from streamrl.config.schema import Config, ConfigError, config_to_dict, load_config
+from streamrl.config import Config, ConfigError, config_to_dict, load_config
 from streamrl.core.atomic import write_text
 from streamrl.run.lock import run_lock
 from streamrl.run.progress import Progress as ConsoleProgress

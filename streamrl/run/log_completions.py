@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrl.config.schema import Config, load_config
+from streamrl.config import Config, load_config
 from streamrl.core.atomic import distinct_paths, replacing
 from streamrl.core.types import Item, Trajectory
 from streamrl.engines.factory import make_inference_engine
@@ -81,7 +81,7 @@ def sample_completions(
     for i, item in enumerate(items):
         scored = []
         for j, res in enumerate(results[i * n : (i + 1) * n]):
-            if not isinstance(res, Trajectory) or res.metadata.get("reward_errors"):
+            if res is None or isinstance(res, BaseException) or res.metadata.get("reward_errors"):
                 failed += 1
                 continue
             completion = res.metadata["completion"]

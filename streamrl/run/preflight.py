@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from streamrl.algorithms import Algorithm, build_algorithm
-from streamrl.algorithms.stages.alol import positive_advantages
+from streamrl.algorithms.stages import FILE_CHECKS
 from streamrl.algorithms.stages.base import encode_logged
+from streamrl.config import Config, RunContext, source_of
 from streamrl.config.options import OptionsError, validate_options
-from streamrl.config.schema import Config, source_of
 from streamrl.core.types import Item
 from streamrl.models.loading import check_model_source, load_tokenizer
-from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
+from streamrl.models.policies import POLICY_PRESETS, PolicyOptions, names_a_policy
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
 from streamrl.rollout.rewards import CompositeReward, build_reward, reward_names, reward_options
@@ -38,7 +38,7 @@ from streamrl.sources import (
     task_source_kinds,
     task_source_options,
 )
-from streamrl.sources.logged import load_completions, load_preferences
+from streamrl.sources.mixture import MixtureTaskSource
 
 ANSWER_SCAN = 1000  # training items looked at (answers, prompt lengths) before the run
 MODEL_OPTIONS = ("model", "options")
@@ -58,6 +58,12 @@ class Inputs:
     heldout: list[Item]
     algorithm: Algorithm
     sandbox: str = "unused"  # the python tool's isolation level (check_sandbox)
+
+
+def policy_run(cfg: Config) -> bool:
+    """Whether the run trains an environment policy (a gym episode, or a policy preset or
+    saved policy as the model), not a language model."""
+    return cfg.rollout.episode == "gym" or names_a_policy(cfg.model.name_or_path)
 
 
 def check_reward_options(cfg: Config) -> None:
@@ -152,7 +158,7 @@ def check_engine_weights(cfg: Config) -> None:
     if cfg.rollout.engine_weights == "float32":
         return
     key = f"rollout.engine_weights={cfg.rollout.engine_weights}"
-    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+    if policy_run(cfg):
         raise PreflightError(f"{key} applies to language-model engines, not environment policies")
     device = cfg.runtime.device
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
@@ -171,7 +177,7 @@ def check_lora(cfg: Config) -> None:
     """``model.lora_rank > 0`` wraps a language model with peft's adapters."""
     if cfg.model.lora_rank == 0:
         return
-    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+    if policy_run(cfg):
         raise PreflightError(
             f"model.lora_rank={cfg.model.lora_rank} applies to language models, not "
             "environment policies"
@@ -186,9 +192,7 @@ def check_lora(cfg: Config) -> None:
 
 def check_train_compile(cfg: Config) -> None:
     """train.compile compiles a language model's decoder layers."""
-    if cfg.train.compile and (
-        cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS
-    ):
+    if cfg.train.compile and policy_run(cfg):
         raise PreflightError(
             "train.compile applies to language models' decoder layers, not environment policies"
         )
@@ -198,7 +202,7 @@ def check_engine_compile(cfg: Config) -> None:
     """rollout.compile compiles a CPU language-model engine's decode steps."""
     if not cfg.rollout.compile:
         return
-    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+    if policy_run(cfg):
         raise PreflightError(
             "rollout.compile applies to language-model engines, not environment policies"
         )
@@ -236,7 +240,7 @@ def check_vllm_engine(cfg: Config) -> None:
     built-in engine."""
     if cfg.rollout.engine != "vllm":
         return
-    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+    if policy_run(cfg):
         raise PreflightError("rollout.engine=vllm serves language models, not environment policies")
     for key, value, default in (
         ("rollout.engine_weights", cfg.rollout.engine_weights, "float32"),
@@ -257,8 +261,9 @@ def check_domains(cfg: Config, source: TaskSource) -> None:
     """A mixture's per-source correct rewards are reward components, and a component's
     ``domains`` are the mixture's source names."""
     names = [c.name for c in cfg.reward.components]
-    domains = getattr(source, "names", None)  # a mixture's sources
-    for i, part in enumerate(getattr(source, "parts", [])):
+    mixture = isinstance(source, MixtureTaskSource)
+    domains = source.names if mixture else None  # a mixture's sources
+    for i, part in enumerate(source.parts if mixture else []):
         if part.correct_reward is not None and part.correct_reward not in names:
             raise PreflightError(
                 f"data.options.sources[{i}].correct_reward={part.correct_reward!r} is not one "
@@ -379,7 +384,12 @@ def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:
     """The DPO and A-LoL stages that are on have a readable, well-formed file (a bad row
     is a DataError naming file, line and field) whose rows fit the model's context, A-LoL
     has rows to train on, and DPO's pairs fit in micro-batches."""
-    for name, load in (("dpo", load_preferences), ("alol", load_completions)):
+
+    def encode(item: Item, text: str, **where: Any) -> None:
+        if lm is not None:  # (encoded as the stage encodes them)
+            encode_logged(lm.tokenizer, item, text, max_len=lm.context, **where)
+
+    for name, check_file in FILE_CHECKS.items():
         section = getattr(cfg, name)
         if section.steps == 0:
             continue
@@ -387,18 +397,7 @@ def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:
             raise PreflightError(f"{name}.steps={section.steps} needs {name}.path (a JSONL file)")
         if not Path(section.path).is_file():
             raise PreflightError(f"{name}.path={section.path}: no such file")
-        path, rows = str(section.path), load(section.path)
-        texts = (
-            [(r, "completion", r.completion) for r in rows]
-            if name == "alol"
-            else [(r, f, getattr(r, f)) for r in rows for f in ("chosen", "rejected")]
-        )
-        if lm is not None:  # (encoded as the stage encodes them)
-            for row, field, text in texts:
-                where = {"source": path, "line": row.line, "field": field}
-                encode_logged(lm.tokenizer, row.item, text, max_len=lm.context, **where)
-        if name == "alol":
-            positive_advantages(rows, cfg.alol.baseline, path)
+        check_file(section, encode)
     if cfg.dpo.steps > 0 and cfg.train.micro_batch_sequences % 2:
         raise PreflightError(
             f"dpo.steps={cfg.dpo.steps} needs an even train.micro_batch_sequences (got "
@@ -484,7 +483,7 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     check_reward_options(cfg)
     check_model_options(cfg)
     try:
-        algorithm = build_algorithm(cfg)
+        algorithm = build_algorithm(cfg.algorithm, RunContext.of(cfg))
     except (KeyError, ValueError) as e:
         raise PreflightError(str(e).strip("'\"")) from None
     try:

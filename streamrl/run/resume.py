@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.algorithms.stages import PRE_RL_STAGES
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.run.checkpoint import Checkpoint, find_checkpoint
 from streamrl.run.tracking import RunDirectory, note, read_summary
 

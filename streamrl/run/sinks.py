@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from streamrl.core.atomic import write_text
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
+    from streamrl.config import Config
 
 
 @runtime_checkable
@@ -190,7 +190,7 @@ def _flat(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_sinks(cfg: Config, run_dir: Path, resume: bool = False) -> list[MetricSink]:
     """The sinks ``cfg.run`` switches on, each named after the run directory."""
-    from streamrl.config.schema import config_to_dict
+    from streamrl.config import config_to_dict
 
     r = cfg.run
     config = config_to_dict(cfg)

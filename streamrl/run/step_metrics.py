@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from streamrl.analysis.evaluate import is_correct
-from streamrl.core.transitions import Transitions
-from streamrl.core.types import Batch, Segment
+from streamrl.core.sample import Sample
+from streamrl.core.types import Batch
 from streamrl.sources import item_correct_reward, item_domain
-from streamrl.stream.books import PoolBooks
+from streamrl.stream.pools import Pool
 from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, staleness_metrics
 
 # engine counters of work done: tokens generated (LM) or observations acted on (policy)
@@ -40,14 +40,14 @@ class StepMetrics:
         train_metrics: dict[str, float],
         timings: dict[str, float],
         stream: SampleStream,
-        pool: PoolBooks,
+        pool: Pool,
     ) -> dict[str, float]:
         """The metrics of RL step ``step`` (1-based: the weight version it produced)."""
         trajectories = [t for g in groups for t in g.trajectories]
         self.waited += timings.get("time/wait_batch", 0.0)
         elapsed = max(time.time() - self.t_start, 1e-9)
         m: dict[str, Any] = dict(train_metrics)
-        if isinstance(trajectories[0], (Segment, Transitions)):
+        if trajectories[0].environment:
             m.update(self._segments(trajectories, elapsed))
         else:
             m.update(self._tokens(trajectories, groups, batch, elapsed, stream))
@@ -67,23 +67,23 @@ class StepMetrics:
             m["time/weight_sync_latency"] = pool.sync_latency[step - 1]
         return m
 
-    def _segments(self, segments: list[Segment | Transitions], elapsed: float) -> dict[str, float]:
+    def _segments(self, segments: list[Sample], elapsed: float) -> dict[str, float]:
         """Environment steps: the episodes that ended in the batch, and throughput; with
         logged data (offline RL), its transitions and their share of the batch."""
-        logged = [s for s in segments if isinstance(s, Transitions) and s.logged]
-        played = [s for s in segments if not (isinstance(s, Transitions) and s.logged)]
+        logged = [s for s in segments if s.logged]
+        played = [s for s in segments if not s.logged]
         steps = sum(s.num_generated for s in played)
         self.tokens += steps  # environment steps, for a run's totals
         returns = [r for s in played for r in s.episode_returns]
         lengths = [n for s in played for n in s.episode_lengths]
         m: dict[str, float] = {}
         if logged:
-            n_logged = sum(s.size for s in logged)
+            n_logged = sum(s.step_rewards()[0] for s in logged)
             m["offline/transitions"] = float(n_logged)
             m["offline/fraction"] = n_logged / (n_logged + steps)
-            m["offline/reward_mean"] = sum(float(s.rewards.sum()) for s in logged) / n_logged
+            m["offline/reward_mean"] = sum(s.step_rewards()[1] for s in logged) / n_logged
         m |= {
-            "reward_mean": sum(float(s.rewards.sum()) for s in played) / max(steps, 1),
+            "reward_mean": sum(s.step_rewards()[1] for s in played) / max(steps, 1),
             "env_steps": float(steps),
             "env_steps_total": float(self.tokens),
             "env_steps_per_s": self.tokens / elapsed,
@@ -140,7 +140,7 @@ class StepMetrics:
         self.tokens, self.carried = int(state["tokens"]), int(state["carried"])
         self.waited = state["waited"]
 
-    def summary(self, pool: PoolBooks, stream: SampleStream) -> dict[str, Any]:
+    def summary(self, pool: Pool, stream: SampleStream) -> dict[str, Any]:
         """RL totals for ``summary.json``."""
         out: dict[str, Any] = {
             "rl_time_s": self.rl_seconds(),

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamrl.config.schema import Config, RunConfig, load_config, parse_override
+from streamrl.config import Config, RunConfig, load_config, parse_override
 
 DEFAULT_OUTPUT_DIR = RunConfig.model_fields["output_dir"].default  # "runs"
 DEFAULT_NAME = RunConfig.model_fields["name"].default  # "default": the main job's

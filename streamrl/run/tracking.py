@@ -32,7 +32,7 @@ from streamrl.core.atomic import WriteError, reason, replacing, write_text
 from streamrl.run.files import STEP_ROW, UnreadableFile, read_json, read_jsonl
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
+    from streamrl.config import Config
     from streamrl.run.sinks import MetricSink
 
 TRACKED_PACKAGES = (
@@ -309,7 +309,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, cfg: Config, path: Path | None = None) -> RunDirectory:
-        from streamrl.config.schema import save_config
+        from streamrl.config import save_config
         from streamrl.run.sinks import build_sinks
 
         if path is None:

@@ -13,6 +13,7 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import Any
 
 from streamrl.core.types import Item
 
@@ -74,7 +75,26 @@ class TaskSource(ABC):
     ``heldout(n)`` is the fixed evaluation split (the first ``n`` items, all when
     ``None``): it does not depend on any seed and never overlaps training.
     Each yielded item is a fresh object the caller owns.
+
+    An environment's source also has its Gymnasium spaces (a policy is built for them;
+    None for text tasks), and a source whose training stream comes in phases (offline,
+    then online data) says where each ends (:attr:`phases`).
     """
+
+    observation_space: Any = None
+    action_space: Any = None
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """{name: items} of each phase of the training stream that ends before the run
+        does: the controller evaluates at each end (``eval_*_after_<name>``). None here."""
+        return {}
+
+    def spaces(self) -> tuple[Any, Any] | None:
+        """(observation, action) space of an environment; None for text tasks."""
+        if self.observation_space is None:
+            return None
+        return self.observation_space, self.action_space
 
     @abstractmethod
     def train_iter(self, seed: int) -> Iterator[Item]:

@@ -1,14 +1,14 @@
 """What every producer of groups keeps for the controller, whatever drives the
 episodes (rollout workers, or external agents through the HTTP endpoint).
 
-The controller talks to a pool through this interface: ``publish`` weights and time
-them (``publish_s``; ``sync_latency`` until every engine runs the version), ``hold``
-admission, ``drive_engines`` (lend the trainer's thread), ``raise_if_failed``,
-per-step rollout statistics (``pop_rollout_stats``), and the run's group ``sampler``
-(its counters; the plain sampler where the pool issues no items of its own). The
-bookkeeping the trainer thread touches sits under a small lock that is never held for
-long, so the trainer never waits for a pump iteration (on a one-core trainer that can be
-a scheduling slice or more).
+:class:`PoolBooks` is what both pools (:class:`~streamrl.stream.pools.Pool`) share:
+``publish`` weights and time them (``publish_s``; ``sync_latency`` until every engine
+runs the version), turn admission on and off (``admit``), the defaults of the optional
+controls (``drive_engines``, ``work_ahead``), ``raise_if_failed``, per-step rollout
+statistics (``pop_rollout_stats``), and the run's group ``sampler`` (its counters; the
+plain sampler where the pool issues no items of its own). The bookkeeping the trainer
+thread touches sits under a small lock that is never held for long, so the trainer never
+waits for a pump iteration (on a one-core trainer that can be a scheduling slice or more).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class PoolBooks:
         self.reissued = 0  # items issued again after a worker was lost
         self.resumed_items = 0  # items issued again after a resume
         self.error: BaseException | None = None
-        self._hold = False  # stop admitting
+        self._hold = False  # admission off (admit(False))
         self._stats_lock = threading.Lock()
         self._published: dict[int, float] = {}  # version -> publish start
         self.sync_latency: dict[int, float] = {}  # version -> seconds until all loaded
@@ -60,9 +60,13 @@ class PoolBooks:
         if self.error is not None:
             raise self.error
 
-    def hold(self, on: bool) -> None:
-        """Stop (or restart) admitting new items."""
-        self._hold = on
+    def admit(self, on: bool) -> None:
+        """Admit new items (``True``, the default) or none (``False``); what was admitted
+        goes on either way."""
+        self._hold = not on
+
+    def work_ahead(self, on: bool) -> None:
+        """Whether idle workers may work ahead of demand (the default: nothing to do)."""
 
     def drive_engines(self, threads: int, until: Callable[[], bool]) -> bool:
         """The caller's thread (the trainer's, waiting for a batch: ``runtime.lend_cores``)

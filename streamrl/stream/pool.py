@@ -193,24 +193,26 @@ class RolloutPool(PoolBooks):
         threads until ``until()`` is true or the engine runs out of work
         (``runtime.lend_cores``). False where it cannot: only the local backend's single
         engine shares this process."""
-        drive = getattr(self.backend, "drive", None)
-        return bool(drive is not None and drive(threads, until))
+        return self.backend.drive(threads, until)
 
-    def pause(self, engines: bool = True) -> None:
-        """No scoring ahead (``selection.score_ahead``) until :meth:`resume`, and with
-        ``engines`` (colocated placement) no decoding either. The trainer calls it around
-        evaluations too: a worker thread scoring ahead would slow them down (the GIL)."""
+    def pause_generation(self) -> None:
+        """Every engine stops between two decode steps until :meth:`resume_generation`
+        (colocated placement: the trainer takes the cores), and nothing is scored ahead."""
         self._quiet = True
-        if engines:
-            self._broadcast(Pause())
+        self._broadcast(Pause())
 
-    def resume(self, engines: bool = True) -> None:
+    def resume_generation(self) -> None:
         self._quiet = False
-        if engines:
-            self._broadcast(Resume())
+        self._broadcast(Resume())
 
-    def drain(self) -> None:
-        """Wait until no worker holds an unreported item (admission must be held)."""
+    def work_ahead(self, on: bool) -> None:
+        """Whether idle workers may do the group sampler's work ahead of demand (the
+        likelihood gate's ``selection.score_ahead``). The trainer turns it off around
+        evaluations: a worker thread working ahead would slow them down (the GIL)."""
+        self._quiet = not on
+
+    def finish_inflight(self) -> None:
+        """Wait until every admitted item has been reported (turn admission off first)."""
         while any(self.inflight) or self._orphans:
             self.raise_if_failed()
             time.sleep(0.001)
@@ -274,10 +276,8 @@ class RolloutPool(PoolBooks):
                     continue
                 if msg.detail:  # a failure is an error; a filtered item only says why
                     level = logging.ERROR if msg.outcome == "failed" else logging.DEBUG
-                    self.log.log(
-                        level, "item %d %s (%s): %s", msg.item_index, msg.outcome, msg.reason,
-                        msg.detail,
-                    )  # fmt: skip
+                    what = (msg.item_index, msg.outcome, msg.reason, msg.detail)
+                    self.log.log(level, "item %d %s (%s): %s", *what)
                 self._items.pop(msg.item_index, None)
                 self.stream.reject(msg.item_index, msg.outcome, msg.reason)
             else:

@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from streamrl.core.types import Trajectory
+from streamrl.core.sample import Sample
 
 
 class StreamClosed(RuntimeError):
@@ -54,11 +54,11 @@ class StreamClosed(RuntimeError):
 
 @dataclass
 class Group:
-    """The finished trajectories of one item."""
+    """The finished samples of one item (trajectories, segments or transitions)."""
 
     item_index: int
     admit_version: int
-    trajectories: list[Trajectory]
+    trajectories: list[Sample]
 
     @property
     def min_version(self) -> int:
@@ -89,8 +89,7 @@ class SampleStream:
     """Thread-safe stream of item groups between producers and one consumer."""
 
     def __init__(self, items_per_batch: int, max_staleness: int, max_inflight: int | None = None):
-        if items_per_batch < 1 or max_staleness < 0:
-            raise ValueError("items_per_batch must be >= 1 and max_staleness >= 0")
+        # (train.items_per_step >= 1 and stream.max_staleness >= 0: the config's checks)
         self.items_per_batch = items_per_batch
         self.max_staleness = max_staleness
         self.max_inflight = max_inflight

@@ -1,4 +1,4 @@
-"""Token-level PPO with a value head on the language model (algorithm.advantage: gae)."""
+"""Token-level PPO with a value head on the language model (algorithm.name: ppo)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import Trajectory
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import metric_rows, tiny_rl_config
+from tests.tiny_run import algorithm_of, metric_rows, tiny_rl_config
 
 
 def _traj(reward: float, mask: list[bool]) -> Trajectory:
@@ -40,9 +39,9 @@ class ValuesTrainer:
 
 def test_token_gae_rewards_the_last_generated_token_and_skips_observations():
     cfg = load_config(
-        None, ["algorithm.advantage=gae", "algorithm.gamma=1.0", "algorithm.gae_lambda=0.5"]
+        None, ["algorithm.name=ppo", "algorithm.ppo.gamma=1.0", "algorithm.ppo.gae_lambda=0.5"]
     )
-    algo = build_algorithm(cfg)
+    algo = algorithm_of(cfg)
     # prompt, two generated tokens, an observation token, one more generated token
     traj = _traj(1.0, [False, True, True, False, True])
     batch = algo.prepare([Group(0, 0, [traj])], ValuesTrainer(), StageTimer())
@@ -63,8 +62,8 @@ def test_token_gae_rewards_the_last_generated_token_and_skips_observations():
 def test_lm_value_head_trains_through_the_pipeline(tmp_path: Path):
     cfg = tiny_rl_config(
         tmp_path,
-        "algorithm.advantage=gae",
-        "algorithm.gamma=1.0",
+        "algorithm.name=ppo",
+        "algorithm.ppo.gamma=1.0",
         "reward.components=[{name: numeric_match}, "
         "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
         "rollout.group_size=2",

@@ -16,7 +16,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 
 from streamrl.cli.main import main
-from streamrl.config.schema import Config, ConfigError, load_config
+from streamrl.config import Config, ConfigError, load_config
 from tests.paths import TESTS
 
 CORPUS = TESTS / "bad_inputs"
@@ -240,7 +240,7 @@ def test_the_non_finite_cases_cover_every_kind_of_float_field() -> None:
     for key in (
         "reward.components.0.weight",
         "reward.components.0.options.x.y",
-        "algorithm.icepop_band.0",
+        "algorithm.correction.icepop_band.0",
         "rollout.vllm.gpu_memory_utilization",
         "data.options.x.y",
         "agent.tool_options.x.y",

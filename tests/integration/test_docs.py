@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
@@ -77,7 +77,7 @@ def test_algorithm_example_trains_its_critic(doc, tmp_path: Path, monkeypatch) -
         original(self, trainer, tokenizer)
 
     monkeypatch.setattr(cls, "setup", setup)
-    result = train(_cfg(tmp_path, "algorithm.advantage=doc_critic_baseline"))
+    result = train(_cfg(tmp_path, "algorithm.name=doc_critic_baseline"))
     assert result.summary["stream/consumed"] == 4
     (algo,) = built
     assert algo.state_dict()["critic_opt"]["state"]  # the critic took optimizer steps

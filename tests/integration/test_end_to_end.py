@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.rewards import register_reward
 from streamrl.run.launch import train

@@ -10,20 +10,20 @@ import gymnasium as gym
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
 from streamrl.algorithms.actor_critic import actor_critic_loss
 from streamrl.algorithms.losses import PolicyLossParams, decoupled_old_policy
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.engines.train.policy import PolicyTrainEngine
 from streamrl.models.policies import build_policy
 from streamrl.stream.sample_stream import Group
+from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_gym import _segment
 
 
 def _algo(*overrides: str):
-    base = ["algorithm.advantage=gae", "stream.max_staleness=1", "algorithm.vf_clip=0.5"]
-    return build_algorithm(load_config(None, [*base, *overrides]))
+    base = ["algorithm.name=ppo", "stream.max_staleness=1", "algorithm.ppo.vf_clip=0.5"]
+    return algorithm_of(load_config(None, [*base, *overrides]))
 
 
 def _trainer(seed: int = 0) -> PolicyTrainEngine:
@@ -71,7 +71,9 @@ def test_proximal_weights_are_truncated_by_the_registered_correction():
 
 def test_stale_steps_use_the_proximal_policy_and_critic():
     trainer = _trainer()
-    batch = _prepare(_algo("algorithm.is_correction=tis", "algorithm.is_cap=1.1"), trainer, 5)
+    batch = _prepare(
+        _algo("algorithm.correction.kind=tis", "algorithm.correction.cap=1.1"), trainer, 5
+    )
     now = trainer.evaluate(batch)
     assert torch.equal(batch.logprobs, now["logprobs"])  # clip centre: pi_prox, not -0.5
     assert torch.equal(batch.values, now["values"])  # the proximal critic, not 10 * obs

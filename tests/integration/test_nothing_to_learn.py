@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import Item
 from streamrl.run.session import run_training

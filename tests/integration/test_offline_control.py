@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
 from streamrl.algorithms import offline_losses as L
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core import transitions
 from streamrl.core.timing import StageTimer
 from streamrl.core.transitions import Transitions, segment_transitions
@@ -29,6 +28,7 @@ from streamrl.run.launch import train
 from streamrl.sources import DataError, build_task_source, minari_make
 from streamrl.sources.minari_make import PolicySpec, make_minari, play_episode
 from streamrl.stream.sample_stream import Group
+from tests.tiny_run import algorithm_of
 
 
 @pytest.fixture(autouse=True)
@@ -300,8 +300,8 @@ def _cfg(advantage: str, dataset: str, **over):
     overrides = [
         "model.name_or_path=mlp", "data.kind=minari",
         f"data.options={{dataset_id: {dataset}, batch_transitions: 32}}",
-        "rollout.episode=gym", "rollout.group_size=1", f"algorithm.advantage={advantage}",
-        "algorithm.q_hidden=[16, 16]", "sft.steps=0", "train.items_per_step=1",
+        "rollout.episode=gym", "rollout.group_size=1", f"algorithm.name={advantage}",
+        "algorithm.offline.q_hidden=[16, 16]", "sft.steps=0", "train.items_per_step=1",
         "eval.heldout_size=2", "eval.every=0",
     ] + [f"{k}={v}" for k, v in over.items()]  # fmt: skip
     return load_config(None, overrides)
@@ -333,8 +333,8 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
         dataset = "cartpole/h-v0"
     else:
         dataset = _pendulum_dataset()
-    cfg = _cfg("iql", dataset, **{"algorithm.target_tau": 0.5})
-    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    cfg = _cfg("iql", dataset, **{"algorithm.offline.target_tau": 0.5})
+    algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
     q, target = algo.loss_fn.q, algo.loss_fn.target_q
@@ -354,8 +354,8 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
 
 
 def test_iql_scales_the_rewards_of_its_td_target():
-    cfg = _cfg("iql", _pendulum_dataset(), **{"algorithm.reward_scale": 0.25})
-    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    cfg = _cfg("iql", _pendulum_dataset(), **{"algorithm.offline.reward_scale": 0.25})
+    algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     batch = algo.prepare(_one_batch(cfg, trainer), trainer, StageTimer())
     loss_fn, policy = algo.loss_fn, trainer.model
@@ -371,8 +371,8 @@ def test_iql_scales_the_rewards_of_its_td_target():
 
 
 def test_td3_bc_delays_the_actor_and_its_targets():
-    cfg = _cfg("td3_bc", _pendulum_dataset(), **{"algorithm.policy_delay": 2})
-    algo, trainer = build_algorithm(cfg), _engine(cfg)
+    cfg = _cfg("td3_bc", _pendulum_dataset(), **{"algorithm.offline.policy_delay": 2})
+    algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
     loss = algo.loss_fn
@@ -399,9 +399,9 @@ def test_td3_bc_refuses_discrete_actions_and_offline_algorithms_need_one_sample(
     _heuristic_dataset("cartpole/h-v0", 1, 0.0)
     cfg = _cfg("td3_bc", "cartpole/h-v0")
     with pytest.raises(ValueError, match="continuous"):
-        build_algorithm(cfg).setup(_engine(cfg), None)
+        algorithm_of(cfg).setup(_engine(cfg), None)
     with pytest.raises(ValueError, match="group_size must be 1"):
-        build_algorithm(_cfg("iql", "cartpole/h-v0", **{"rollout.group_size": 2}))
+        algorithm_of(_cfg("iql", "cartpole/h-v0", **{"rollout.group_size": 2}))
 
 
 def test_twin_q_shapes():
@@ -426,7 +426,7 @@ def test_offline_cartpole_return_rises_above_random(tmp_path, advantage):
             "data.options": "{dataset_id: cartpole/medium-v0, batch_transitions: 256}",
             "train.steps": 300, "train.lr": "1e-3", "train.max_grad_norm": 100,
             "eval.heldout_size": 5, "run.output_dir": str(tmp_path), "run.progress": "false",
-            "run.tensorboard": "false", "run.checkpoint_every": 0, "algorithm.gamma": 0.99,
+            "run.tensorboard": "false", "run.checkpoint_every": 0, "algorithm.offline.gamma": 0.99,
         },
     )  # fmt: skip
     summary = train(cfg).summary
@@ -460,7 +460,7 @@ def test_train_with_a_missing_dataset_is_a_one_line_error(tmp_path, capsys):
         [
             "train", "model.name_or_path=mlp", "data.kind=minari",
             "data.options={dataset_id: cartpole/absent-v0}", "rollout.episode=gym",
-            "rollout.group_size=1", "algorithm.advantage=bc", "sft.steps=0",
+            "rollout.group_size=1", "algorithm.name=bc", "sft.steps=0",
             f"run.output_dir={tmp_path / 'runs'}",
         ]
     )  # fmt: skip

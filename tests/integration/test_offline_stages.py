@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.run.checkpoint import latest_checkpoint
 from streamrl.run.session import run_training
 from streamrl.run.signals import GracefulStop, Interrupted

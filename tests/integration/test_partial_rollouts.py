@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.run.checkpoint import latest_checkpoint
 from streamrl.run.launch import TrainerFailed, train
 from tests.paths import ROOT

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationResult, Item, SamplingParams
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.rewards import build_reward

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.recipes import grpo
 from streamrl.run.launch import train
@@ -152,8 +152,8 @@ def test_recipe_equivalence_with_sft_kl_and_remax(tmp_path: Path) -> None:
         "local",
         "sft.steps=3",
         "sft.examples_per_step=8",
-        "algorithm.advantage=remax",
-        "algorithm.kl_coef=0.05",
+        "algorithm.name=remax",
+        "algorithm.kl.coef=0.05",
         "train.num_minibatches=2",
         "train.lr_schedule=cosine",
         "train.warmup_steps=1",

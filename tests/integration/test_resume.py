@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config.schema import ConfigError, load_config, save_config
+from streamrl.config import ConfigError, load_config, save_config
 from streamrl.run.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -337,10 +337,10 @@ def test_a_second_signal_aborts_at_once(tmp_path: Path) -> None:
 def test_a_checkpoint_that_cannot_be_written_stops_cleanly(tmp_path: Path, monkeypatch, capsys):
     """A full disk at a checkpoint: a one-line error naming the intact checkpoint, the
     run marked failed, and the previous checkpoint still the latest."""
-    import streamrl.run.session
+    import streamrl.run.checkpointing
     from streamrl.cli.main import main
 
-    real = streamrl.run.session.save_checkpoint
+    real = streamrl.run.checkpointing.save_checkpoint
 
     def fill_up(run_dir, ckpt, keep):
         if ckpt.stage == "rl" and ckpt.step >= 4:
@@ -350,7 +350,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_cleanly(tmp_path: Path, monke
             )
         return real(run_dir, ckpt, keep)
 
-    monkeypatch.setattr(streamrl.run.session, "save_checkpoint", fill_up)
+    monkeypatch.setattr(streamrl.run.checkpointing, "save_checkpoint", fill_up)
     args = _args(tmp_path, "full", "rollout.max_new_tokens=3", "rollout.ignore_eos=false")
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err

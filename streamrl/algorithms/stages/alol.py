@@ -1,7 +1,7 @@
 """The A-LoL stage: advantage-weighted offline policy gradient on logged completions
 with rewards (see :mod:`streamrl.algorithms.alol` for the objective).
 
-    rows = load_completions(cfg.alol.path)                # file:line: field errors
+    rows = load_completions(alol.path)                    # file:line: field errors
     A = reward - V_ref(prompt)                            # reference_value (alol.baseline)
     keep rows with A > 0                                  # A-LoL trains on these only
     batch = examples_per_step rows, drawn in proportion to A (alol.sampling=priority)
@@ -19,19 +19,22 @@ import torch
 
 from streamrl.algorithms.advantages import broadcast_to_tokens
 from streamrl.algorithms.alol import reference_value
+from streamrl.algorithms.base import pad_id
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
 from streamrl.algorithms.stages.base import (
+    Encode,
     StageData,
+    StageInputs,
     encode_logged,
     reference_logprobs,
     shuffled_epochs,
 )
-from streamrl.config.schema import Config
+from streamrl.config import ALoLConfig
 from streamrl.core.types import Batch, Trajectory
 from streamrl.sources.files import prompt_key_of
 from streamrl.sources.logged import LoggedCompletion, load_completions
 
-SEED_OFFSET = 3  # the row draws' seed: cfg.seed + 3
+SEED_OFFSET = 3  # the row draws' seed: the run's seed + 3
 
 
 def advantage_batches(
@@ -82,43 +85,59 @@ def positive_advantages(
     return advantages, positive
 
 
-def build_alol_stage(cfg: Config, tokenizer: Any, trainer: Any, max_len: int | None) -> StageData:
-    """The A-LoL stage's data (the positive-advantage rows), loss and reference."""
-    a, path = cfg.alol, str(cfg.alol.path)
-    logged = load_completions(path)
+def encode_rows(
+    tokenizer: Any, logged: list[LoggedCompletion], max_len: int | None, path: str
+) -> list[Trajectory]:
+    """The logged completions as trajectories with their reward and prompt index."""
     rows = []
     for row, prompt in zip(logged, prompt_indices(logged), strict=True):
         traj = encode_logged(
-            tokenizer, row.item, row.completion, max_len=max_len, source=path, line=row.line,
+            tokenizer,
+            row.item,
+            row.completion,
+            max_len=max_len,
+            source=path,
+            line=row.line,
             field="completion",
-        )  # fmt: skip
+        )
         traj.reward = row.reward
         traj.item_index = prompt
         rows.append(traj)
-    advantages, positive = positive_advantages(logged, a.baseline, path)
+    return rows
+
+
+def build_alol_stage(alol: ALoLConfig, inputs: StageInputs) -> StageData:
+    """The A-LoL stage's data (the positive-advantage rows), loss and reference."""
+    path, trainer = str(alol.path), inputs.trainer
+    logged = load_completions(path)
+    rows = encode_rows(inputs.tokenizer, logged, inputs.max_len, path)
+    advantages, positive = positive_advantages(logged, alol.baseline, path)
     kept = [rows[i] for i in positive]
     max_tokens = max(t.num_generated for t in kept)
     reference = trainer.frozen_copy()
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def prepare(batch: Batch) -> Batch:
         # the logged data is treated as pi_ref's samples: its log-probs are the behaviour's
         batch.behavior_logprobs = reference_logprobs(trainer, reference, batch)
         return batch
 
-    loss = RLLoss(
-        "alol",
-        PolicyLossParams(
-            clip_low=a.clip, clip_high=a.clip, agg_mode="seq_mean_token_sum_norm",
-            max_tokens=max_tokens,
-        ),
-    )  # fmt: skip
+    params = PolicyLossParams(
+        clip_low=alol.clip,
+        clip_high=alol.clip,
+        agg_mode="seq_mean_token_sum_norm",
+        max_tokens=max_tokens,
+    )
     batches = advantage_batches(
-        kept, advantages[positive], a.examples_per_step, a.sampling, cfg.seed + SEED_OFFSET, pad
+        kept,
+        advantages[positive],
+        alol.examples_per_step,
+        alol.sampling,
+        inputs.seed + SEED_OFFSET,
+        pad_id(inputs.tokenizer),
     )
     return StageData(
         batches=batches,
-        loss_fn=loss,
+        loss_fn=RLLoss("alol", params),
         prepare=prepare,
         reference=reference,
         summary={
@@ -128,3 +147,12 @@ def build_alol_stage(cfg: Config, tokenizer: Any, trainer: Any, max_len: int | N
             "reward_mean": float(torch.tensor([r.reward for r in rows]).mean()),
         },
     )
+
+
+def check_alol_file(alol: ALoLConfig, encode: Encode) -> None:
+    """Every row reads and goes through ``encode``; some row has a positive advantage."""
+    rows = load_completions(alol.path)
+    for row in rows:
+        where = {"source": str(alol.path), "line": row.line, "field": "completion"}
+        encode(row.item, row.completion, **where)
+    positive_advantages(rows, alol.baseline, str(alol.path))

@@ -1,8 +1,9 @@
-"""Supervised warm-start on demonstrations, run before RL in the same run.
+"""The SFT stage: supervised warm-start on demonstrations, run before RL in the same run.
 
 Demonstrations are the task's own reference answers (``item.answer``), with a
 configurable fraction corrupted so the warm-started policy is imperfect and RL
-has something to fix, as with real noisy SFT data.
+has something to fix, as with real noisy SFT data. An item with a teacher trace
+(``metadata["demonstration"]``) is replayed through the run's episode instead.
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
-import torch
-
+from streamrl.algorithms.base import pad_id
+from streamrl.algorithms.losses import sft_loss
+from streamrl.algorithms.stages.base import StageData, StageInputs, demonstration
+from streamrl.config import SFTConfig
 from streamrl.core.types import Batch, Item, Trajectory
-from streamrl.models import encode_prompt, reference_ids
 
 _NUMBER = re.compile(r"^-?\d+$")
 MAX_SKIPPED = 10_000  # answerless items in a row before SFT gives up
+SEED_OFFSET = 1  # the demonstrations' item order: seed + 1 (DPO's pairs use + 2)
 
 
 def corrupt_answer(answer: str, rng: random.Random) -> str:
@@ -38,21 +42,6 @@ def corrupt_answer(answer: str, rng: random.Random) -> str:
     return "".join(chars)
 
 
-def demonstration(tokenizer, item: Item, completion: str) -> Trajectory:
-    """Prompt (masked) + completion + EOS (trained)."""
-    prompt_ids = encode_prompt(tokenizer, item)
-    target_ids = reference_ids(tokenizer, completion)
-    n_p, n_t = len(prompt_ids), len(target_ids)
-    return Trajectory(
-        input_ids=torch.tensor(prompt_ids + target_ids, dtype=torch.long),
-        loss_mask=torch.tensor([False] * n_p + [True] * n_t),
-        behavior_logprobs=torch.zeros(n_p + n_t),
-        versions=torch.full((n_p + n_t,), -1, dtype=torch.long),
-        reward=0.0,
-        item_index=item.index,
-    )
-
-
 def sft_batches(
     tokenizer,
     items: Iterator[Item],
@@ -69,7 +58,7 @@ def sft_batches(
     traces: tool calls executed, observations masked); corruption applies to plain
     answers only."""
     rng = random.Random(seed)
-    pad = tokenizer.pad_token_id or 0
+    pad = pad_id(tokenizer)
     while True:
         demos, skipped = [], 0
         while len(demos) < batch_size:
@@ -92,22 +81,27 @@ def sft_batches(
         yield Batch.collate(demos, pad_id=pad)
 
 
-def run_sft(
-    trainer,
-    batches: Iterator[Batch],
-    steps: int,
-    loss_fn,
-    on_step: Callable[[int, dict], bool | None],
-    start: int = 0,
-    prepare: Callable[[Batch], Batch] | None = None,
-) -> tuple[int, dict[str, float]]:
-    """Optimizer steps ``start .. steps-1`` of ``loss_fn`` (token-mean NLL for SFT; any
-    stage's loss), each batch first through ``prepare`` (e.g. a reference's log-probs).
-    ``on_step`` returning True stops early. Returns (steps completed, the last metrics)."""
-    metrics: dict[str, float] = {}
-    for step in range(start, steps):
-        batch = next(batches)
-        metrics = trainer.train_batch(prepare(batch) if prepare else batch, loss_fn)
-        if on_step(step, metrics):
-            return step + 1, metrics
-    return steps, metrics
+@runtime_checkable
+class ReplaysTraces(Protocol):
+    """An episode that renders a teacher trace (an item's ``metadata["demonstration"]``:
+    assistant turns) as a trajectory (multi-turn agent traces: tool calls executed,
+    observations masked)."""
+
+    def replay(self, item: Item) -> Trajectory: ...
+
+
+def build_sft_stage(section: SFTConfig, inputs: StageInputs) -> StageData:
+    """The SFT stage's demonstrations (the task's items in the order of seed + 1) and its
+    token-mean negative log-likelihood."""
+    if inputs.items is None or inputs.episode is None:
+        raise ValueError("the SFT stage needs the task's items and the run's episode")
+    episode = inputs.episode()
+    batches = sft_batches(
+        inputs.tokenizer,
+        inputs.items(inputs.seed + SEED_OFFSET),
+        section.examples_per_step,
+        section.corrupt_fraction,
+        inputs.seed,
+        replay=episode.replay if isinstance(episode, ReplaysTraces) else None,
+    )
+    return StageData(batches, sft_loss)

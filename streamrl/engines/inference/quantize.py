@@ -15,7 +15,7 @@ decode step):
 The engine then samples from a policy a little different from the fp32 trainer's (by
 rounding alone for ``onednn``). Its log-probs stay exact for the distribution it sampled
 from (they are the behaviour log-probs); the trainer reports the gap in ``mismatch/*``
-and can correct it with ``algorithm.is_correction`` (tis, mis, icepop), as bf16 / FP8
+and can correct it with ``algorithm.correction.kind`` (tis, mis, icepop), as bf16 / FP8
 rollout engines do on GPUs.
 
 (int8 weights with FBGEMM's per-tensor dynamic activations were measured too and

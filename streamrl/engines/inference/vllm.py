@@ -36,7 +36,7 @@ the built-in engine's:
 The model is written once to a temporary directory in Hugging Face format for vLLM to
 load. vLLM places it on its own platform's device (the GPU, or the CPU with vLLM's CPU
 build) in ``dtype``; the trainer keeps its numerics, and the gap shows in ``mismatch/*``
-(``algorithm.is_correction``). vLLM's CPU worker sets torch to one thread and replaces
+(``algorithm.correction.kind``). vLLM's CPU worker sets torch to one thread and replaces
 ``torch.set_num_threads`` for the whole process; both are restored after it starts, so
 the trainer sharing the process keeps its own thread counts.
 """

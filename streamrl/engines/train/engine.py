@@ -7,13 +7,11 @@ The algorithm is passed in, not built in (AReaL's engine API)::
     metrics = engine.train_batch(batch, make_rl_loss_fn("ppo_clip"), num_minibatches=2)
     inference_engine.update_weights(engine.state_dict_for_inference(), version + 1)
 
-A loss_fn is ``loss_fn(outputs, batch) -> (loss, metrics)`` with outputs
-``{"logprobs": (n, T), "entropy": (n, T)}`` for a micro-batch. It may define
-
-- ``loss_weight(batch) -> int``: how many units (tokens, sequences) its loss
-  averages over; default: the number of loss-mask tokens (token-mean losses);
-- ``needs_entropy: bool``: keep the entropy's autograd graph (default False; the
-  entropy is still passed, detached, for metrics).
+A loss is a :class:`~streamrl.core.loss.LossFn`: ``loss_fn(outputs, batch) -> (loss,
+metrics)`` with outputs ``{"logprobs": (n, T), "entropy": (n, T)}`` for a micro-batch
+(and ``"values"`` when it ``needs_values``); its ``loss_weight(batch)`` says how many
+units (tokens, sequences) its loss averages over, ``needs_entropy`` whether the
+entropy's autograd graph is kept, and ``after_step()`` runs after each optimizer step.
 
 Gradient accumulation. A minibatch is cut into micro-batches; micro-batch k's loss
 is a mean over its own u_k units, so it is scaled by u_k / U (U = units in the whole
@@ -28,21 +26,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
 from streamrl.engines import invariant
 from streamrl.engines.inference.kv_cache import LLAMA_FAMILY, set_attn_impl
 from streamrl.engines.train.optim import Optimized
 from streamrl.engines.train.packing import pack, packed_hidden
 from streamrl.models.lora import ALL_LINEAR, apply_lora, merged_state_dict
-
-LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str, Any]]]
 
 
 def slice_batch(batch: Batch, rows: slice | torch.Tensor, length: int | None = None) -> Batch:
@@ -242,6 +238,16 @@ class TrainEngine(Optimized):
         model.eval().requires_grad_(False)
         return model
 
+    def ensure_value_head(self) -> None:
+        """A critic on the LM's last hidden state (PPO with a learned critic): a linear
+        head, zero-initialised and trained with the model; one already here is kept."""
+        if self.value_head is None:
+            head = torch.nn.Linear(self.model.config.hidden_size, 1)
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+            self.value_head = head
+            self.add_trainable(head)
+
     @classmethod
     def from_lora(
         cls,
@@ -341,9 +347,14 @@ class TrainEngine(Optimized):
                     use_cache=False,
                 ).last_hidden_state
             logp, entropy = target_logprobs_and_entropy(
-                hidden, head, mb.input_ids, mb.loss_mask, with_entropy=with_entropy,
-                entropy_grad=entropy_grad, batch_invariant=self.batch_invariant,
-            )  # fmt: skip
+                hidden,
+                head,
+                mb.input_ids,
+                mb.loss_mask,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                batch_invariant=self.batch_invariant,
+            )
             return self._with_values({"logprobs": logp, "entropy": entropy}, hidden, with_values)
         out = model(
             input_ids=mb.input_ids,
@@ -422,9 +433,6 @@ class TrainEngine(Optimized):
         n = batch.size
         if not 1 <= num_minibatches <= n:
             raise ValueError(f"num_minibatches must be in [1, {n}], got {num_minibatches}")
-        weight_fn = getattr(loss_fn, "loss_weight", None) or (lambda b: int(b.loss_mask.sum()))
-        needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
-        needs_values = bool(getattr(loss_fn, "needs_values", False))
 
         self.model.train()
         lr = float(self.optimizer.param_groups[0]["lr"])  # this batch's (first) step
@@ -435,11 +443,12 @@ class TrainEngine(Optimized):
         ]
         for rows in passes:  # ``epochs`` passes, each of ``num_minibatches`` steps
             mini = slice_batch(batch, rows)
-            stats = self._train_minibatch(mini, loss_fn, weight_fn, needs_entropy, needs_values)
+            stats = self._train_minibatch(mini, loss_fn)
             if stats is None:
                 skipped += 1
                 continue
             steps += 1
+            loss_fn.after_step()
             for k, v in stats.items():
                 sums[k] += v
 
@@ -452,16 +461,9 @@ class TrainEngine(Optimized):
         )
         return metrics
 
-    def _train_minibatch(
-        self,
-        mini: Batch,
-        loss_fn: LossFn,
-        weight_fn: Callable[[Batch], int],
-        needs_entropy: bool,
-        needs_values: bool = False,
-    ) -> dict[str, float] | None:
+    def _train_minibatch(self, mini: Batch, loss_fn: LossFn) -> dict[str, float] | None:
         self.optimizer.zero_grad(set_to_none=True)
-        total_units = weight_fn(mini)
+        total_units = loss_fn.loss_weight(mini)
         if total_units == 0:
             return None
 
@@ -470,7 +472,7 @@ class TrainEngine(Optimized):
         metric_units: dict[str, float] = defaultdict(float)
         for rows in self._micro_slices(mini.size):
             mb = slice_batch(mini, rows, _trimmed_length(mini.attention_mask[rows]))
-            units = weight_fn(mb)
+            units = loss_fn.loss_weight(mb)
             if units == 0:  # no loss tokens: contributes nothing to loss or gradient
                 continue
             mb = _to_device(mb, self.device)
@@ -479,8 +481,8 @@ class TrainEngine(Optimized):
                     self.model,
                     mb,
                     with_entropy=True,
-                    entropy_grad=needs_entropy,
-                    with_values=needs_values,
+                    entropy_grad=loss_fn.needs_entropy,
+                    with_values=loss_fn.needs_values,
                 )
                 loss, mb_metrics = loss_fn(outputs, mb)
                 (loss * (units / total_units)).backward()

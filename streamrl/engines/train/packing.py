@@ -56,6 +56,9 @@ class Segments:
     queries: torch.Tensor  # (S, Q) long
     qpos: torch.Tensor  # (S, Q) long
 
+    def to(self, device: torch.device) -> Segments:
+        return Segments(self.keys.to(device), self.queries.to(device), self.qpos.to(device))
+
 
 @dataclass
 class PackedLayout:
@@ -90,56 +93,89 @@ def pack(
     or None when it would not pay (or the rows are not right-padded).
     ``batch_invariant``: the flat axis is padded to a multiple of ``invariant.ROWS``
     tokens (each seeing itself only), and the layout carries its :class:`Segments`."""
-    device = input_ids.device
-    ids_cpu, att = input_ids.cpu(), attention_mask.cpu()
-    n, t = ids_cpu.shape
-    row_len = att.sum(1)
-    if not bool((att == (torch.arange(t) < row_len[:, None])).all()):
-        return None  # real tokens must come first (collate right-pads)
-    loss = loss_mask.cpu()
-    first_loss = torch.where(loss.any(1), loss.int().argmax(1), row_len)
-    cut = torch.minimum(first_loss, row_len - 1).tolist()
-    if min(cut) < 1:
-        return None  # a row with nothing before its first loss token (or one token long)
-    lengths, rows = row_len.tolist(), ids_cpu.tolist()
-
-    prompt_of: dict[tuple[int, ...], int] = {}  # prompt tokens -> its segment
-    seg_start: list[int] = []  # flat start of each segment (prompts, then rests)
-    seg_pos0: list[int] = []  # position id of a segment's first token
-    seg_parent: list[int] = []  # the prompt a row's rest attends to (-1 for a prompt)
-    flat: list[int] = []
-    row_prompt: list[int] = []
-    for r in range(n):
-        key = tuple(rows[r][: cut[r]])
-        if key not in prompt_of:
-            prompt_of[key] = len(seg_start)
-            seg_start.append(len(flat))
-            seg_pos0.append(0)
-            seg_parent.append(-1)
-            flat += key
-        row_prompt.append(prompt_of[key])
-    n_prompts = len(seg_start)
-    for r in range(n):
-        seg_start.append(len(flat))
-        seg_pos0.append(cut[r])
-        seg_parent.append(row_prompt[r])
-        flat += rows[r][cut[r] : lengths[r]]
-    total, t_max = len(flat), max(lengths)
+    att = attention_mask.cpu()
+    cut = _prompt_cuts(att, loss_mask.cpu())
+    if cut is None:
+        return None
+    lengths = att.sum(1).tolist()
+    flat = _flatten(input_ids.cpu().tolist(), lengths, cut)
+    n, total, t_max = len(cut), len(flat.tokens), max(lengths)
     packed_cost = total * 6 * width + total**2
     padded_cost = n * t_max * 6 * width + n * t_max**2
     if total > max_tokens or packed_cost > (1 - min_saving) * padded_cost:
         return None
+    return _layout(flat, cut, batch_invariant, input_ids.device)
 
-    bounds = torch.tensor(seg_start + [total])
+
+def _prompt_cuts(att: torch.Tensor, loss: torch.Tensor) -> list[int] | None:
+    """Where each row's own tokens start: at its first loss token, but one short of its
+    end at the latest (a row keeps a segment of its own); None when a row is not
+    right-padded or has nothing before that point."""
+    t = att.shape[1]
+    row_len = att.sum(1)
+    if not bool((att == (torch.arange(t) < row_len[:, None])).all()):
+        return None  # real tokens must come first (collate right-pads)
+    first_loss = torch.where(loss.any(1), loss.int().argmax(1), row_len)
+    cut = torch.minimum(first_loss, row_len - 1).tolist()
+    if min(cut) < 1:
+        return None  # a row with nothing before its first loss token (or one token long)
+    return cut
+
+
+@dataclass
+class _Flat:
+    """The flat token axis: each distinct prompt once, then every row's rest. Segment s
+    starts at ``start[s]`` with position id ``pos0[s]``; ``parent[s]`` is the prompt a
+    rest attends to (-1 for a prompt); ``row_prompt[r]`` is row r's prompt segment."""
+
+    tokens: list[int]
+    start: list[int]
+    pos0: list[int]
+    parent: list[int]
+    row_prompt: list[int]
+
+    @property
+    def prompts(self) -> int:
+        return len(self.start) - len(self.row_prompt)
+
+
+def _flatten(rows: list[list[int]], lengths: list[int], cut: list[int]) -> _Flat:
+    """Lay out the rows' distinct prompts, then their rests, on one token axis."""
+    flat = _Flat([], [], [], [], [])
+    prompt_of: dict[tuple[int, ...], int] = {}  # prompt tokens -> its segment
+    for r, row in enumerate(rows):
+        key = tuple(row[: cut[r]])
+        if key not in prompt_of:
+            prompt_of[key] = len(flat.start)
+            flat.start.append(len(flat.tokens))
+            flat.pos0.append(0)
+            flat.parent.append(-1)
+            flat.tokens += key
+        flat.row_prompt.append(prompt_of[key])
+    for r, row in enumerate(rows):
+        flat.start.append(len(flat.tokens))
+        flat.pos0.append(cut[r])
+        flat.parent.append(flat.row_prompt[r])
+        flat.tokens += row[cut[r] : lengths[r]]
+    return flat
+
+
+def _layout(
+    flat: _Flat, cut: list[int], batch_invariant: bool, device: torch.device
+) -> PackedLayout:
+    """The tensors of a packed layout: ids, positions, the attention mask, and where
+    each state goes back to in the (n, t) batch."""
+    n, total, n_prompts = len(cut), len(flat.tokens), flat.prompts
+    bounds = torch.tensor(flat.start + [total])
     seg_len = bounds[1:] - bounds[:-1]
-    seg = torch.repeat_interleave(torch.arange(len(seg_start)), seg_len)  # (T,)
-    pos = torch.arange(total) - bounds[:-1][seg] + torch.tensor(seg_pos0)[seg]
-    parent = torch.tensor(seg_parent)[seg]
+    seg = torch.repeat_interleave(torch.arange(len(flat.start)), seg_len)  # (T,)
+    pos = torch.arange(total) - bounds[:-1][seg] + torch.tensor(flat.pos0)[seg]
+    parent = torch.tensor(flat.parent)[seg]
     segments, extra = None, 0
     if batch_invariant:  # padding tokens: segments of their own, at position 0
         extra = invariant.round_up(total, invariant.ROWS) - total
-        segments = _segments(seg_start, seg_parent, seg_len.tolist(), seg_pos0, total + extra)
-        seg = torch.cat([seg, torch.arange(len(seg_start), len(seg_start) + extra)])
+        segments = _segments(flat.start, flat.parent, seg_len.tolist(), flat.pos0, total + extra)
+        seg = torch.cat([seg, torch.arange(len(flat.start), len(flat.start) + extra)])
         parent = F.pad(parent, (0, extra), value=-1)
     q, k = torch.arange(total + extra)[:, None], torch.arange(total + extra)[None]
     own = (seg[:, None] == seg[None]) & (k <= q)
@@ -147,22 +183,20 @@ def pack(
 
     # back to (n, t): a row's prompt's last state predicts its first own token, then
     # its own tokens' states (the loss tokens read only these)
-    p_last = bounds[torch.tensor(row_prompt)] + torch.tensor(cut) - 1
+    p_last = bounds[torch.tensor(flat.row_prompt)] + torch.tensor(cut) - 1
     rest_len = seg_len[n_prompts:]
     src = torch.cat([p_last, torch.arange(bounds[n_prompts], total)])
     row = torch.cat([torch.arange(n), torch.repeat_interleave(torch.arange(n), rest_len)])
     col = torch.cat([torch.tensor(cut) - 1, pos[bounds[n_prompts] :]])
     return PackedLayout(
-        ids=torch.tensor(flat + [0] * extra, device=device)[None],
+        ids=torch.tensor(flat.tokens + [0] * extra, device=device)[None],
         pos=F.pad(pos, (0, extra)).to(device)[None],
         mask=mask.to(device)[None, None],
         src=src.to(device),
         row=row.to(device),
         col=col.to(device),
         shared_prompts=n - n_prompts,
-        segments=None
-        if segments is None
-        else Segments(*(x.to(device) for x in (segments.keys, segments.queries, segments.qpos))),
+        segments=None if segments is None else segments.to(device),
     )
 
 

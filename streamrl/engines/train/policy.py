@@ -8,22 +8,22 @@ The shuffling generator is seeded per call from the engine's step count, so a ru
 reproducible and a resumed run shuffles as the uninterrupted one would.
 
 Any batch with ``size``, ``rows(index)``, ``obs`` and ``actions`` trains the same way
-(TD algorithms pass :class:`~streamrl.core.transitions.Transitions`). A loss with an
-``after_step()`` method has it called after each optimizer step (Polyak averaging of
-target networks, delayed actor updates).
+(TD algorithms pass :class:`~streamrl.core.transitions.Transitions`). The loss is a
+:class:`~streamrl.core.loss.LossFn`; its ``after_step()`` runs after each optimizer
+step (Polyak averaging of target networks, delayed actor updates).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from streamrl.core.loss import LossFn
 from streamrl.engines.train.optim import Optimized
 
 
@@ -55,9 +55,6 @@ class TransitionBatch:
         return TransitionBatch(*(None if x is None else x[index] for x in fields))
 
 
-LossFn = Callable[[dict[str, torch.Tensor], TransitionBatch], tuple[torch.Tensor, dict[str, Any]]]
-
-
 class PolicyTrainEngine(Optimized):
     """A :class:`~streamrl.models.policies.Policy` and its AdamW."""
 
@@ -67,6 +64,9 @@ class PolicyTrainEngine(Optimized):
         kwargs.setdefault("eps", 1e-5)
         super().__init__(policy, **kwargs)
         self.seed = seed
+
+    def ensure_value_head(self) -> None:
+        """Nothing to add: the policy network has its own critic."""
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         """``clip_grad_norm_``'s arithmetic in four ops (its device grouping and checks
@@ -106,7 +106,6 @@ class PolicyTrainEngine(Optimized):
         self.model.train()
         lr = float(self.optimizer.param_groups[0]["lr"])
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
-        after_step = getattr(loss_fn, "after_step", None)
         sums: dict[str, float] = defaultdict(float)
         steps = skipped = 0
         batch = _to(batch, self.device)
@@ -126,8 +125,7 @@ class PolicyTrainEngine(Optimized):
                     skipped += 1
                     continue
                 steps += 1
-                if after_step is not None:  # target networks, delayed-update counters
-                    after_step()
+                loss_fn.after_step()  # target networks, delayed-update counters
                 sums["loss"] += float(loss.detach())
                 sums["grad_norm"] += grad_norm
                 for k, v in metrics.items():

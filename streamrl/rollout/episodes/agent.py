@@ -197,16 +197,8 @@ class AgentEpisode:
             if budget_now <= 0:
                 m["agent/truncated"] = 1.0
                 break
-            request = GenerationRequest(
-                list(tokens.ids),
-                replace(params, max_new_tokens=budget_now),
-                turn_seed(seed, turn),
-            )
-            res = await engine.agenerate(request)
-            if turn == 0:  # (a later turn that fills the context ends the episode)
-                check_room(item, request.prompt_ids, res)
+            res = await self._generate(engine, item, tokens, params, budget_now, seed, turn)
             finish = res.finish_reason
-            tokens.generated(res)
             budget -= len(res.token_ids)
             m["agent/turns"] += 1
             as_generated, content = self.turn_text(res, params)
@@ -220,26 +212,17 @@ class AgentEpisode:
             if turn == self.max_turns - 1:  # no turn left to read the results
                 m["agent/truncated"] = 1.0
                 break
-            results = [await self.tools.execute(c) for c in calls]
-            m["agent/tool_calls"] += len(results)
-            for r in results:
-                m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
-                if r.error:
-                    m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
-                for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
-                    m[key] = m.get(key, 0.0) + value
+            results = await self._run_tools(calls, m)
             final = [r for r in results if r.final]
             if final:
                 answer = final[0].content
                 break
             messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
             following = self.render(messages, generation_prompt=True)  # F
-            if following.startswith(rendered + as_generated):
-                observation = following[len(rendered + as_generated) :]
-            else:  # the template rewrote history: keep our tokens, count the disagreement
-                closed = self.render(messages[: -len(results)], generation_prompt=False)
-                observation = following[len(closed) :] if following.startswith(closed) else ""
-                mismatch += 1
+            observation, rewrote = self._observation(
+                messages, len(results), rendered + as_generated, following
+            )
+            mismatch += rewrote
             obs_ids = self.encode(observation)
             if len(obs_ids) > budget:
                 m["agent/truncated"] = 1.0
@@ -251,6 +234,65 @@ class AgentEpisode:
         m["agent/template_mismatch_tokens"] = float(
             self.template_mismatch(messages, tokens.ids) if mismatch == 0 else mismatch
         )
+        return await self._trajectory(item, tokens, messages, answer, finish, m)
+
+    async def _generate(
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        tokens: _Tokens,
+        params: SamplingParams,
+        budget: int,
+        seed: int,
+        turn: int,
+    ) -> GenerationResult:
+        """One assistant turn from the tokens so far, at most ``budget`` tokens; its
+        tokens, log-probs and versions join ``tokens``."""
+        request = GenerationRequest(
+            list(tokens.ids),
+            replace(params, max_new_tokens=budget),
+            turn_seed(seed, turn),
+        )
+        res = await engine.agenerate(request)
+        if turn == 0:  # (a later turn that fills the context ends the episode)
+            check_room(item, request.prompt_ids, res)
+        tokens.generated(res)
+        return res
+
+    async def _run_tools(self, calls: list[Any], m: dict[str, float]) -> list[Any]:
+        """Execute one turn's tool calls in order, counting calls, latency, errors and the
+        tools' own metrics (``sandbox/*``) into ``m``."""
+        results = [await self.tools.execute(c) for c in calls]
+        m["agent/tool_calls"] += len(results)
+        for r in results:
+            m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
+            if r.error:
+                m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
+            for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
+                m[key] = m.get(key, 0.0) + value
+        return results
+
+    def _observation(
+        self, messages: list[dict], n_results: int, so_far: str, following: str
+    ) -> tuple[str, bool]:
+        """The text the tool results add after ``so_far`` (the rendering up to the last
+        generated turn), and whether the template rewrote history (then our tokens are
+        kept and the disagreement is counted)."""
+        if following.startswith(so_far):
+            return following[len(so_far) :], False
+        closed = self.render(messages[:-n_results], generation_prompt=False)
+        return (following[len(closed) :] if following.startswith(closed) else ""), True
+
+    async def _trajectory(
+        self,
+        item: Item,
+        tokens: _Tokens,
+        messages: list[dict],
+        answer: str,
+        finish: str,
+        m: dict[str, float],
+    ) -> Trajectory:
+        """Score ``answer`` and assemble the episode's trajectory and metadata."""
         scored = await self.reward.ascore(answer, item)
         metadata = {
             "completion": answer,

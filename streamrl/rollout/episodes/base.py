@@ -19,7 +19,7 @@ from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import Config
+    from streamrl.config import Config
     from streamrl.rollout.rewards import CompositeReward
 
 

@@ -39,7 +39,7 @@ from streamrl.rollout.rewards.guard import Outcome, RewardGuard
 from streamrl.sources.mixture import item_domain
 
 if TYPE_CHECKING:
-    from streamrl.config.schema import RewardConfig
+    from streamrl.config import RewardConfig
 
 RewardFn = Callable[[str, Item], float]
 F = TypeVar("F", bound=Callable[..., float])
@@ -215,39 +215,10 @@ class CompositeReward:
         preload: list[str] = []
         setups: list[tuple[str, Setup, dict[str, Any]]] = []
         for comp in components:
-            if len(comp) not in (2, 3, 4):
-                form = "(name_or_fn, weight[, options[, domains]])"
-                raise ValueError(f"reward component must be {form}: {comp!r}")
-            ref, weight = comp[0], float(comp[1])
-            options = (comp[2] if len(comp) >= 3 else None) or {}
-            domains = _domains(comp[3] if len(comp) == 4 else None, comp)
-            if isinstance(ref, str):
-                options = reward_options(ref, options)
-                fn, base = get_reward(ref, **options), ref
-                if ref in _IMPORTS:
-                    preload.extend(_IMPORTS[ref])
-            elif callable(ref):
-                fn = functools.partial(ref, **options) if options else ref
-                base = getattr(ref, "__name__", type(ref).__name__)
-            else:
-                raise ValueError(f"reward component must be a name or a function, got {ref!r}")
-            name, k = base, 1
-            while name in self.fns:
-                k += 1
-                name = f"{base}#{k}"
-            self.fns[name], self.weights[name], self.domains[name] = fn, weight, domains
-            if isinstance(ref, str) and ref in _SETUPS:
-                setups.append((name, _SETUPS[ref], options))
+            self._add(comp, preload, setups)
         backend = guard.backend if guard else isolation
         if backend == "process":
-            for name, fn in self.fns.items():
-                try:
-                    pickle.dumps(fn)
-                except Exception as e:
-                    raise ValueError(
-                        f"reward component {name!r} cannot run in a worker process (it must be "
-                        f"a module-level function or a partial of one): {e}"
-                    ) from e
+            self._check_picklable()
         for module in preload:
             importlib.import_module(module)
         for name, setup, options in setups:  # (process workers load on their first call)
@@ -262,6 +233,49 @@ class CompositeReward:
             memory_limit_mb=memory_limit_mb,
             preload=tuple(dict.fromkeys(preload)),
         )
+
+    def _add(
+        self,
+        comp: Component,
+        preload: list[str],
+        setups: list[tuple[str, Setup, dict[str, Any]]],
+    ) -> None:
+        """Resolve one component to its function, name it (repeats get ``#2``...), and
+        note the modules it preloads and the set-up it needs."""
+        if len(comp) not in (2, 3, 4):
+            form = "(name_or_fn, weight[, options[, domains]])"
+            raise ValueError(f"reward component must be {form}: {comp!r}")
+        ref, weight = comp[0], float(comp[1])
+        options = (comp[2] if len(comp) >= 3 else None) or {}
+        domains = _domains(comp[3] if len(comp) == 4 else None, comp)
+        if isinstance(ref, str):
+            options = reward_options(ref, options)
+            fn, base = get_reward(ref, **options), ref
+            if ref in _IMPORTS:
+                preload.extend(_IMPORTS[ref])
+        elif callable(ref):
+            fn = functools.partial(ref, **options) if options else ref
+            base = getattr(ref, "__name__", type(ref).__name__)
+        else:
+            raise ValueError(f"reward component must be a name or a function, got {ref!r}")
+        name, k = base, 1
+        while name in self.fns:
+            k += 1
+            name = f"{base}#{k}"
+        self.fns[name], self.weights[name], self.domains[name] = fn, weight, domains
+        if isinstance(ref, str) and ref in _SETUPS:
+            setups.append((name, _SETUPS[ref], options))
+
+    def _check_picklable(self) -> None:
+        """Process isolation sends every component to a worker: each must pickle."""
+        for name, fn in self.fns.items():
+            try:
+                pickle.dumps(fn)
+            except Exception as e:
+                raise ValueError(
+                    f"reward component {name!r} cannot run in a worker process (it must be "
+                    f"a module-level function or a partial of one): {e}"
+                ) from e
 
     @property
     def names(self) -> list[str]:

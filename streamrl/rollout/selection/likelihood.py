@@ -27,8 +27,8 @@ ahead (:class:`ScoreAhead`, :meth:`LikelihoodGate.score_ahead`); the accepted on
 held in draw order and issued before anything else, alone, and generated without
 scoring again, while their decision is at most ``score_ahead`` weight versions old
 (older ones become spares, scored again). Skipped ones are counted like any skip. Not
-while the pool is paused (evaluations), and not at η = 0, where what an idle worker gets
-to score would depend on timing.
+while the trainer evaluates (:meth:`RolloutPool.work_ahead`), and not at η = 0, where
+what an idle worker gets to score would depend on timing.
 """
 
 from __future__ import annotations
@@ -163,11 +163,11 @@ class LikelihoodSampler(GroupSampler):
                 "success rate; set rollout.ignore_eos=false or selection.kind=none"
             )
         if cfg.selection.acceptance == "importance" and not issubclass(
-            algorithm_class(cfg.algorithm.advantage), PolicyGradient
+            algorithm_class(cfg.algorithm.name), PolicyGradient
         ):
             raise ValueError(
                 "selection.acceptance=importance weights the advantages of a policy-gradient "
-                f"update, but algorithm.advantage={cfg.algorithm.advantage} is not one"
+                f"update, but algorithm.name={cfg.algorithm.name} is not one"
             )
         if r.engine == "vllm" and not is_raw(r.temperature, r.top_k, r.top_p):
             raise ValueError(

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from streamrl.config.schema import Config
+from streamrl.config import Config
 from streamrl.stream.backends.base import Backend, WorkerLost
 from streamrl.stream.backends.placement import Placement, plan_placement
 from streamrl.stream.backends.spec import WorkerSpec, make_worker

@@ -10,6 +10,7 @@ It also tells which workers died and replaces them. Everything that decides
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -32,6 +33,9 @@ class WorkerLost(RuntimeError):
 
 
 class Backend(Protocol):
+    """What every backend implements; ``drive`` has a default (backends derive from this
+    class to inherit it)."""
+
     name: str
     num_workers: int
     #: the pool may replace a dead worker (False: a dead worker is a bug, fail the run)
@@ -57,3 +61,9 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Stop every worker and release resources (idempotent)."""
+
+    def drive(self, threads: int, until: Callable[[], bool]) -> bool:
+        """Run the rollout engine's steps on the calling thread until ``until()`` is true
+        (``runtime.lend_cores``). False, having run nothing, where the engines do not
+        share this process (the default)."""
+        return False

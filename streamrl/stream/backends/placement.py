@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from statistics import median
 
-from streamrl.config.schema import Config
+from streamrl.config import Config
 
 log = logging.getLogger("streamrl.placement")
 

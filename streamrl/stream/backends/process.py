@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from streamrl.core.messages import Command, Report, Stop, WorkerCrashed
-from streamrl.stream.backends.base import WorkerLost
+from streamrl.stream.backends.base import Backend, WorkerLost
 from streamrl.stream.backends.placement import apply
 from streamrl.stream.backends.shared_weights import SharedWeights, SharedWeightsReader
 from streamrl.stream.backends.spec import WorkerSpec
@@ -64,7 +64,7 @@ def _worker_main(
             os._exit(1)
 
 
-class ProcessBackend:
+class ProcessBackend(Backend):
     name = "process"
     restartable = True
 

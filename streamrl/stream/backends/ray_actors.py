@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from streamrl.core.messages import Command, Report, WorkerCrashed
-from streamrl.stream.backends.base import WorkerLost, drain
+from streamrl.stream.backends.base import Backend, WorkerLost, drain
 from streamrl.stream.backends.placement import apply
 from streamrl.stream.backends.spec import WorkerSpec
 from streamrl.stream.backends.wire import dumps, loads
@@ -96,7 +96,7 @@ class _RolloutActor:
         return os.getpid()
 
 
-class RayBackend:
+class RayBackend(Backend):
     name = "ray"
     restartable = True
     poll_interval_s = 0.01  # each poll is a remote call: ask less often than a pipe

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import Config
+from streamrl.config import Config, RunContext
 from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.models.loading import resolve_dtype
 from streamrl.rollout.episodes import build_episode, sampling_params
@@ -31,7 +31,7 @@ def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> Rollout
     return RolloutWorker(
         engine,
         episode,
-        build_algorithm(cfg),
+        build_algorithm(cfg.algorithm, RunContext.of(cfg)),
         emit,
         group_size=cfg.rollout.group_size,
         seed=cfg.seed,

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from streamrl.algorithms import Filtered, build_algorithm
+from streamrl.config import RunContext
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import GenerationRequest, GenerationResult, SamplingParams
 from streamrl.engines.factory import engine_options, make_inference_engine
@@ -75,7 +76,7 @@ class EndpointPool(PoolBooks):
             engine_model, tokenizer, device=device, **engine_options(cfg)
         )
         self.engine.update_weights(weights, version)
-        self.algorithm = build_algorithm(cfg)
+        self.algorithm = build_algorithm(cfg.algorithm, RunContext.of(cfg))
         self.table = SessionTable(
             stream, lambda: self.engine.version, lambda: self._hold, self._end
         )
@@ -142,18 +143,17 @@ class EndpointPool(PoolBooks):
         self.engine.update_weights(state_dict, version)
         self._synced(self.engine.version)
 
-    def pause(self, engines: bool = True) -> None:
-        if engines:
-            self.engine.pause()
+    def pause_generation(self) -> None:
+        """The engine stops between two decode steps until :meth:`resume_generation`."""
+        self.engine.pause()
 
-    def resume(self, engines: bool = True) -> None:
-        if engines:
-            self.engine.resume()
+    def resume_generation(self) -> None:
+        self.engine.resume()
 
     def drive_engines(self, threads: int, until: Callable[[], bool]) -> bool:
         return drive_engine(self.engine, threads, until)
 
-    def drain(self) -> None:
+    def finish_inflight(self) -> None:
         """Wait for the calls being generated (sessions stay open: their agents decide)."""
         while self._active_calls:
             time.sleep(0.001)

@@ -67,7 +67,8 @@ class SessionTable:
     """The sessions by id, the admission queue and its admitter task.
 
     ``version()`` is the engine's weight version (items are admitted at it), ``held()``
-    whether the trainer holds admission, ``end(msg)`` ends an item (the pool's books)."""
+    whether admission is off (``admit(False)``), ``end(msg)`` ends an item (the pool's
+    books)."""
 
     def __init__(
         self,

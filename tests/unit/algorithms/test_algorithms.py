@@ -14,10 +14,9 @@ from streamrl.algorithms import (
     PolicyGradient,
     ReMax,
     UnknownNameError,
-    build_algorithm,
     register_algorithm,
 )
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected, StartItems, VersionReport
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import Item, Trajectory
@@ -25,7 +24,7 @@ from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import tiny_rl_config
+from tests.tiny_run import algorithm_of, tiny_rl_config
 
 
 def traj(reward: float, item: int, prompt: int = 2, gen: int = 3) -> Trajectory:
@@ -41,31 +40,31 @@ def traj(reward: float, item: int, prompt: int = 2, gen: int = 3) -> Trajectory:
 
 
 def test_built_from_the_config_and_unknown_names_fail_early() -> None:
-    assert type(build_algorithm(load_config())) is PolicyGradient
-    remax = build_algorithm(load_config(None, ["algorithm.advantage=remax"]))
+    assert type(algorithm_of(load_config())) is PolicyGradient
+    remax = algorithm_of(load_config(None, ["algorithm.name=remax"]))
     assert isinstance(remax, ReMax) and [x.name for x in remax.extra_rollouts] == ["baseline"]
-    with pytest.raises(UnknownNameError, match="unknown advantage 'grpoo'; known: .*grpo"):
-        build_algorithm(load_config(None, ["algorithm.advantage=grpoo"]))
+    with pytest.raises(
+        UnknownNameError, match="unknown algorithm 'grpoo'; known: appo, bc, .*grpo"
+    ):
+        algorithm_of(load_config(None, ["algorithm.name=grpoo"]))
     with pytest.raises(KeyError, match="unknown policy loss"):
-        build_algorithm(load_config(None, ["algorithm.policy_loss=ppo"]))
+        algorithm_of(load_config(None, ["algorithm.policy_loss=ppo"]))
 
 
 def test_group_relative_advantage_needs_two_samples_per_item() -> None:
     for name in ("grpo", "dr_grpo", "rloo"):
         with pytest.raises(ValueError, match="rollout.group_size=1 gives every sample"):
-            build_algorithm(
-                load_config(None, [f"algorithm.advantage={name}", "rollout.group_size=1"])
-            )
-    build_algorithm(load_config(None, ["algorithm.advantage=reinforce_pp", "rollout.group_size=1"]))
+            algorithm_of(load_config(None, [f"algorithm.name={name}", "rollout.group_size=1"]))
+    algorithm_of(load_config(None, ["algorithm.name=reinforce_pp", "rollout.group_size=1"]))
 
 
 def test_dynamic_sampling_is_the_algorithms_group_filter() -> None:
-    algo = build_algorithm(load_config())
+    algo = algorithm_of(load_config())
     same = [traj(1.0, 0), traj(1.0, 0)]
     assert algo.finish_group(same, {}) == Filtered("zero_reward_std")
     mixed = [traj(1.0, 0), traj(0.0, 0)]
     assert algo.finish_group(mixed, {}) is mixed
-    off = build_algorithm(load_config(None, ["algorithm.dynamic_sampling=false"]))
+    off = algorithm_of(load_config(None, ["algorithm.dynamic_sampling=false"]))
     assert off.finish_group(same, {}) is same
 
 
@@ -77,7 +76,7 @@ def _trainer() -> tuple[TrainEngine, object]:
 def test_prepare_broadcasts_advantages_and_runs_only_the_forwards_it_needs() -> None:
     trainer, tokenizer = _trainer()
     groups = [Group(0, 0, [traj(1.0, 0), traj(0.0, 0)]), Group(1, 0, [traj(0.0, 1, gen=2)] * 2)]
-    algo = build_algorithm(load_config(None, ["algorithm.dynamic_sampling=false"]))
+    algo = algorithm_of(load_config(None, ["algorithm.dynamic_sampling=false"]))
     algo.setup(trainer, tokenizer)
     timer = StageTimer()
     batch = algo.prepare(groups, trainer, timer)
@@ -93,8 +92,8 @@ def test_prepare_broadcasts_advantages_and_runs_only_the_forwards_it_needs() -> 
     assert batch.ref_logprobs is None and batch.proximal_logprobs is None
     assert set(timer.seconds) == {"time/advantage"}  # one optimizer step: no proximal pass
 
-    cfg = load_config(None, ["algorithm.kl_coef=0.1", "train.num_minibatches=2"])
-    algo = build_algorithm(cfg)
+    cfg = load_config(None, ["algorithm.kl.coef=0.1", "train.num_minibatches=2"])
+    algo = algorithm_of(cfg)
     algo.setup(trainer, tokenizer)
     timer = StageTimer()
     batch = algo.prepare(groups, trainer, timer)
@@ -104,7 +103,7 @@ def test_prepare_broadcasts_advantages_and_runs_only_the_forwards_it_needs() -> 
     torch.testing.assert_close(batch.ref_logprobs, batch.proximal_logprobs)
     assert not any(p.requires_grad for p in algo.reference.parameters())
     state = algo.state_dict()
-    fresh = build_algorithm(cfg)
+    fresh = algorithm_of(cfg)
     fresh.setup(trainer, tokenizer)
     fresh.load_state_dict(state)
     assert all(
@@ -114,7 +113,7 @@ def test_prepare_broadcasts_advantages_and_runs_only_the_forwards_it_needs() -> 
 
 def test_remax_uses_its_greedy_rollout_as_the_baseline() -> None:
     trainer, tokenizer = _trainer()
-    algo = build_algorithm(load_config(None, ["algorithm.advantage=remax"]))
+    algo = algorithm_of(load_config(None, ["algorithm.name=remax"]))
     algo.setup(trainer, tokenizer)
     samples = [traj(1.0, 0), traj(0.0, 0)]
     kept = algo.finish_group(samples, {"baseline": traj(1.0, 0)})
@@ -150,7 +149,7 @@ class SignOfReward(PolicyGradient):
 def test_a_registered_algorithm_runs_through_the_unchanged_controller(tmp_path: Path) -> None:
     cfg = tiny_rl_config(
         tmp_path,
-        "algorithm.advantage=test_sign",
+        "algorithm.name=test_sign",
         "algorithm.dynamic_sampling=false",
         "rollout.group_size=2",
         "train.items_per_step=2",

@@ -14,9 +14,8 @@ import torch
 
 from streamrl.algorithms import PolicyLossParams, get_policy_loss, make_rl_loss_fn
 from streamrl.algorithms.alol import reference_value
-from streamrl.algorithms.stages import build_alol_stage, encode_logged
-from streamrl.algorithms.stages.sft import run_sft
-from streamrl.config.schema import load_config
+from streamrl.algorithms.stages import StageInputs, build_alol_stage, encode_logged, run_stage
+from streamrl.config import load_config
 from streamrl.core.types import Batch, Item
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
@@ -128,7 +127,9 @@ def test_a_completion_longer_than_the_context_is_an_error_naming_it(tmp_path: Pa
         match=r"log.jsonl:2: field 'completion': prompt \+ completion is 306 tokens, longer "
         r"than the model's context of 256 tokens",
     ):
-        build_alol_stage(cfg, tokenizer, TrainEngine(model), max_len=256)
+        build_alol_stage(
+            cfg.alol, StageInputs(tokenizer, TrainEngine(model), cfg.seed, max_len=256)
+        )
 
 
 def test_no_positive_advantage_is_an_error(tmp_path: Path):
@@ -136,7 +137,9 @@ def test_no_positive_advantage_is_an_error(tmp_path: Path):
     cfg = load_config(None, [f"alol.path={_write(tmp_path / 'log.jsonl', rows)}"])
     model, tokenizer = load_model("tiny-small")
     with pytest.raises(ValueError, match="no logged completion has a reward above its baseline"):
-        build_alol_stage(cfg, tokenizer, TrainEngine(model), max_len=256)
+        build_alol_stage(
+            cfg.alol, StageInputs(tokenizer, TrainEngine(model), cfg.seed, max_len=256)
+        )
 
 
 def test_a_short_alol_stage_trains_on_positive_advantages_only(tmp_path: Path):
@@ -154,7 +157,7 @@ def test_a_short_alol_stage_trains_on_positive_advantages_only(tmp_path: Path):
     cfg = load_config(None, [f"alol.path={path}", "alol.steps=30", "alol.examples_per_step=8"])
     model, tokenizer = load_model("tiny-small", seed=0)
     engine = TrainEngine(model, lr=1e-2)
-    stage = build_alol_stage(cfg, tokenizer, engine, max_len=256)
+    stage = build_alol_stage(cfg.alol, StageInputs(tokenizer, engine, cfg.seed, max_len=256))
     assert stage.summary == pytest.approx(
         {"rows": 48, "prompts": 16, "positive_rows": 16, "reward_mean": 1 / 3}
     )
@@ -176,7 +179,7 @@ def test_a_short_alol_stage_trains_on_positive_advantages_only(tmp_path: Path):
         seen.append(batch.rewards.clone())
         return stage.prepare(batch)
 
-    run_sft(engine, stage.batches, 30, stage.loss_fn, lambda s, m: None, 0, prepare)
+    run_stage(engine, stage.batches, 30, stage.loss_fn, lambda s, m: None, 0, prepare)
     assert torch.cat(seen).eq(1.0).all()  # never a zero-reward (negative-advantage) row
     right_after, wrong_after = mean_logprob(1.0), mean_logprob(0.0)
     assert right_after > right_before + 1.0, (right_before, right_after)

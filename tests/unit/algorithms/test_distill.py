@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
 from streamrl.algorithms.distill import Distill, Teachers
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import Trajectory
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import metric_rows, tiny_rl_config
+from tests.tiny_run import algorithm_of, metric_rows, tiny_rl_config
 
 
 def _traj(behave: list[float], mask: list[bool], domain: str | None, index: int) -> Trajectory:
@@ -45,13 +44,13 @@ def _distill(*overrides: str) -> Distill:
     cfg = load_config(
         None,
         [
-            "algorithm.advantage=distill",
+            "algorithm.name=distill",
             "algorithm.distill.teacher=tiny",
             "algorithm.distill.teachers={math: tiny-small}",
             *overrides,
         ],
     )
-    algo = build_algorithm(cfg)
+    algo = algorithm_of(cfg)
     assert isinstance(algo, Distill)
     algo.teachers.models = {"tiny": -1.0, "tiny-small": -0.25}  # stand-ins
     return algo
@@ -92,15 +91,15 @@ def test_loss_mode_puts_the_teacher_in_the_kl_term_and_zero_advantages() -> None
     assert torch.equal(batch.ref_logprobs[0], torch.full((4,), -0.25))
     assert torch.equal(batch.ref_logprobs[1], torch.full((4,), -1.0))
     assert algo.loss_fn.kl_coef == 0.5
-    with pytest.raises(ValueError, match="algorithm.kl_coef"):
-        _distill("algorithm.distill.mode=loss", "algorithm.kl_coef=0.1")
+    with pytest.raises(ValueError, match="algorithm.kl.coef"):
+        _distill("algorithm.distill.mode=loss", "algorithm.kl.coef=0.1")
 
 
 def test_an_item_of_no_teacher_is_an_error_naming_the_domain() -> None:
     cfg = load_config(
         None,
         [
-            "algorithm.advantage=distill",
+            "algorithm.name=distill",
             "algorithm.distill.teacher=null",
             "algorithm.distill.teachers={math: m}",
         ],
@@ -119,13 +118,13 @@ def test_an_item_of_no_teacher_is_an_error_naming_the_domain() -> None:
     ],
 )
 def test_a_missing_teacher_fails_when_the_algorithm_is_built(overrides) -> None:
-    cfg = load_config(None, ["algorithm.advantage=distill", *overrides])
+    cfg = load_config(None, ["algorithm.name=distill", *overrides])
     with pytest.raises(FileNotFoundError, match="algorithm.distill: teacher"):
-        build_algorithm(cfg)
+        algorithm_of(cfg)
 
 
 def test_a_teacher_of_another_vocabulary_is_refused() -> None:
-    cfg = load_config(None, ["algorithm.advantage=distill", "algorithm.distill.teacher=tiny-small"])
+    cfg = load_config(None, ["algorithm.name=distill", "algorithm.distill.teacher=tiny-small"])
     with pytest.raises(ValueError, match="share the student's tokenizer"):
         Teachers(cfg.algorithm.distill).load(vocab_size=7, device="cpu")
 
@@ -143,7 +142,7 @@ def test_a_teacher_identical_to_the_student_gives_a_reverse_kl_of_zero(tmp_path:
         cfg = tiny_rl_config(
             tmp_path / name,
             "seed=0",
-            "algorithm.advantage=distill",
+            "algorithm.name=distill",
             f"algorithm.distill.teacher={teacher}",
             "train.steps=1",
             "train.items_per_step=4",

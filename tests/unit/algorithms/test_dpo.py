@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from streamrl.algorithms.dpo import DPOLoss, get_preference_loss
-from streamrl.algorithms.stages import build_dpo_stage, encode_logged
-from streamrl.algorithms.stages.sft import run_sft
-from streamrl.config.schema import load_config
+from streamrl.algorithms.stages import StageInputs, build_dpo_stage, encode_logged, run_stage
+from streamrl.config import load_config
 from streamrl.core.types import Batch
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
@@ -121,7 +120,7 @@ def test_a_short_dpo_stage_raises_chosen_over_rejected(tmp_path: Path):
     )
     model, tokenizer = load_model("tiny-small", seed=0)
     engine = TrainEngine(model, lr=1e-2, micro_batch_sequences=4)  # 2 pairs per micro-batch
-    stage = build_dpo_stage(cfg, tokenizer, engine, max_len=256)
+    stage = build_dpo_stage(cfg.dpo, StageInputs(tokenizer, engine, cfg.seed, max_len=256))
     everything = Batch.collate(
         [
             encode_logged(tokenizer, p.item, text, max_len=None, source="", line=p.line, field="")
@@ -131,7 +130,7 @@ def test_a_short_dpo_stage_raises_chosen_over_rejected(tmp_path: Path):
     )  # rows 2k, 2k+1: pair k's chosen and rejected completion
     before = _sequence_logprob(engine, everything)
     metrics = []
-    run_sft(
+    run_stage(
         engine, stage.batches, 30, stage.loss_fn, lambda s, m: metrics.append(m), 0, stage.prepare
     )
     after = _sequence_logprob(engine, everything)

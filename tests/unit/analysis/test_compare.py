@@ -34,7 +34,7 @@ def write_run(
         "seed": seed,
         "run": {"name": name, "output_dir": str(root / f"out{seed}")},
         "model": {"name": "tiny-gpt"},
-        "algorithm": {"advantage": advantage, "clip_eps": 0.2},
+        "algorithm": {"name": advantage, "clip_eps": 0.2},
         **(extra_config or {}),
     }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -92,7 +92,7 @@ def test_clear_shift_is_detected(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = compare([tmp_path], "eval/accuracy", out_dir=out, reps=REPS)
 
-    grpo, rloo = "algorithm.advantage=grpo", "algorithm.advantage=rloo"
+    grpo, rloo = "algorithm.name=grpo", "algorithm.name=rloo"
     assert list(result.groups) == [grpo, rloo]
     pair = result.pairs[0]
     assert (pair.a, pair.b) == (grpo, rloo)
@@ -144,10 +144,10 @@ def test_grouping_ignores_seed_name_and_output_dir(tmp_path: Path) -> None:
     paths.append(write_run(tmp_path, "other", seed=0, final=0.5, advantage="rloo"))
     groups = group_runs([load_run(p) for p in paths])
     assert {g: len(r) for g, r in groups.items()} == {
-        "algorithm.advantage=grpo": 3,
-        "algorithm.advantage=rloo": 1,
+        "algorithm.name=grpo": 3,
+        "algorithm.name=rloo": 1,
     }
-    assert [r.seed for r in groups["algorithm.advantage=grpo"]] == [1, 2, 10]  # AdaStop's order
+    assert [r.seed for r in groups["algorithm.name=grpo"]] == [1, 2, 10]  # AdaStop's order
 
 
 def test_labels_name_every_differing_key(tmp_path: Path) -> None:
@@ -157,8 +157,8 @@ def test_labels_name_every_differing_key(tmp_path: Path) -> None:
     paths += [write_run(tmp_path, f"b{i}", i, 0.5, "rloo", {"train": {"lr": 2e-5}}) for i in (0, 1)]
     groups = group_runs([load_run(p) for p in paths])
     assert list(groups) == [
-        "algorithm.advantage=grpo, train.lr=1e-05",
-        "algorithm.advantage=rloo, train.lr=2e-05",
+        "algorithm.name=grpo, train.lr=1e-05",
+        "algorithm.name=rloo, train.lr=2e-05",
     ]
 
 
@@ -220,7 +220,7 @@ def test_missing_metric_names_run_and_suggests(tmp_path: Path) -> None:
 def test_single_seed_group_is_an_error(tmp_path: Path) -> None:
     write_group(tmp_path, "grpo", np.array([0.5, 0.6]))
     write_group(tmp_path, "rloo", np.array([0.5]))
-    with pytest.raises(CompareError, match="algorithm.advantage=rloo' has 1 run.*at least 2 seeds"):
+    with pytest.raises(CompareError, match="algorithm.name=rloo' has 1 run.*at least 2 seeds"):
         compare([tmp_path], "eval_accuracy_after", reps=REPS)
 
 
@@ -273,8 +273,8 @@ def test_failed_interrupted_and_unfinished_runs_are_skipped(
 
     result = compare([root], "eval_accuracy_after", reps=REPS)
     assert {g: len(r) for g, r in result.groups.items()} == {
-        "algorithm.advantage=grpo": 3,
-        "algorithm.advantage=rloo": 2,
+        "algorithm.name=grpo": 3,
+        "algorithm.name=rloo": 2,
     }
     assert result.skipped == {
         failed: "failed (ValueError: bad lr x)",
@@ -289,7 +289,7 @@ def test_failed_interrupted_and_unfinished_runs_are_skipped(
     assert run_compare(dirs, "eval_accuracy_after", None, fmt="markdown", reps=REPS) == 0
     printed = capsys.readouterr().out
     assert f"- skipped {running}: unfinished (no summary.json" in printed
-    assert "| algorithm.advantage=grpo | 3 |" in printed
+    assert "| algorithm.name=grpo | 3 |" in printed
 
 
 def test_no_completed_run_left_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamrl.analysis.evaluate import evaluate_model
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import Item
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.episodes import build_episode

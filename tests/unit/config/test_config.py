@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import ConfigError, load_config, parse_override, save_config
+from streamrl.config import RENAMED_KEYS, ConfigError, load_config, parse_override, save_config
 from tests.paths import ROOT
 
 
@@ -26,7 +27,7 @@ def test_yaml_and_overrides(tmp_path: Path) -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    cfg = load_config(None, ["seed=3", "algorithm.advantage=rloo"])
+    cfg = load_config(None, ["seed=3", "algorithm.name=rloo"])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
 
@@ -113,3 +114,64 @@ def test_override_typo_is_blamed_on_the_override_not_the_file(tmp_path: Path) ->
     path.write_text("train:\n  steps: 5\n")
     with pytest.raises(ConfigError, match="command-line override: trian: unknown key"):
         load_config(path, ["trian.steps=5"])
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED_KEYS.items()))
+def test_every_renamed_key_names_its_new_key_which_exists(old: str, new: str) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"override: {re.escape(old)}: renamed to {re.escape(new)}"
+    ):
+        load_config(None, [f"{old}=1"])
+    for target in re.findall(r"[a-z0-9_]+(?:\.[a-z0-9_]+)+", new):  # the new key(s) it names
+        node = load_config()
+        for part in target.split("."):
+            node = getattr(node, part)  # an AttributeError: a dangling new name
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("algorithm.advantage", "algorithm.name"),
+        ("algorithm.kl_coef", "algorithm.kl.coef"),
+        ("algorithm.is_correction", "algorithm.correction.kind"),
+        ("algorithm.gae_lambda", "algorithm.ppo.gae_lambda"),
+        ("algorithm.rho_bar", "algorithm.vtrace.rho_bar"),
+        ("algorithm.q_hidden", "algorithm.offline.q_hidden"),
+    ],
+)
+def test_the_flat_algorithm_keys_name_their_nested_home(tmp_path: Path, old: str, new: str) -> None:
+    section, key = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"seed: 1\n{section}:\n  {key}: 4\n")
+    with pytest.raises(ConfigError, match=rf"{path}:3: {old}: renamed to {new} \(got 4\)"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("old", "new"), [("gae", "ppo"), ("vtrace", "appo")])
+def test_an_algorithm_name_that_changed_names_its_new_spelling(old: str, new: str) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=rf"algorithm\.advantage: renamed to algorithm\.name, and '{old}' to '{new}': "
+        rf"algorithm\.name: {new} \(got '{old}'\)",
+    ):
+        load_config(None, [f"algorithm.advantage={old}"])
+    with pytest.raises(ConfigError, match=rf"algorithm\.name: '{old}' is now called '{new}'"):
+        load_config(None, [f"algorithm.name={old}"])
+    assert load_config(None, [f"algorithm.name={new}"]).algorithm.name == new
+
+
+def test_each_family_keeps_its_settings_under_its_name() -> None:
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=appo",
+            "algorithm.ppo.gamma=0.9",
+            "algorithm.vtrace.c_bar=0.5",
+            "algorithm.offline.gamma=0.5",
+            "algorithm.kl.coef=0.1",
+            "algorithm.correction.kind=tis",
+        ],
+    )
+    a = cfg.algorithm
+    assert (a.name, a.ppo.gamma, a.vtrace.c_bar, a.offline.gamma) == ("appo", 0.9, 0.5, 0.5)
+    assert (a.kl.coef, a.correction.kind, a.correction.cap) == (0.1, "tis", 2.0)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from streamrl.config import ConfigError, load_config
 from streamrl.config.reading import MAX_DEPTH, MAX_NODES, YamlError, read_yaml
-from streamrl.config.schema import ConfigError, load_config
 from streamrl.rollout.rewards.functions import ANSWER_TAG_PATTERN, extract_answer
 from streamrl.sources import DataError, build_task_source
 from streamrl.sources.files import DEFAULT_MAX_ROW_BYTES, MAX_ROW_DEPTH, jsonl_records

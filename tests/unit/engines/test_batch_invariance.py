@@ -16,8 +16,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import Batch, GenerationRequest, GenerationResult, Item, SamplingParams
 from streamrl.engines import invariant
@@ -31,6 +30,7 @@ from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.rewards import build_reward
 from streamrl.rollout.worker import rollout_group
 from streamrl.run.preflight import PreflightError, check_batch_invariant
+from tests.tiny_run import algorithm_of
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def test_a_failing_request_fails_its_group_alone_as_a_counted_failure():
     out as it does alone."""
     cfg = load_config(None, ["model.name_or_path=tiny-small"])
     model, tok = load_model_and_tokenizer("tiny-small", seed=0)
-    algorithm = build_algorithm(cfg)
+    algorithm = algorithm_of(cfg)
     algorithm.finish_group = lambda samples, extras: samples  # keep equal-reward groups
     good = build_episode(cfg, tok, build_reward(cfg.reward))
     bad = dataclasses.replace(good, sampling=SamplingParams(temperature=float("nan")))

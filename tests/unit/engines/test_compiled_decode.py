@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest, SamplingParams
 from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.engines.inference.engine import LocalEngine

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest, SamplingParams
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.engines.inference.sampling import sampling_logprobs

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import GenerationRequest, SamplingParams
 from streamrl.engines.inference.engine import LocalEngine
 from streamrl.engines.inference.fused_layers import fused_away

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.engines import malloc
 from streamrl.run.session import make_trainer
 from tests.unit.engines.test_train_engine import tiny_model

@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from streamrl.algorithms import PolicyLossParams, make_rl_loss_fn, sft_loss
+from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
 from streamrl.engines.train.engine import TrainEngine
 
@@ -249,7 +250,7 @@ def test_trainer_follows_its_schedule_step_by_step() -> None:
     assert lrs == pytest.approx([0.01, 0.01, 0.005, 0.0])
 
 
-class _ValueOnlyLoss:
+class _ValueOnlyLoss(LossFn):
     """A loss on the critic's values alone: no gradient reaches the vocabulary head."""
 
     needs_values = True
@@ -329,7 +330,7 @@ def test_compiling_a_model_without_decoder_layers_names_the_key() -> None:
 
 
 def test_preflight_refuses_train_compile_for_an_environment_policy() -> None:
-    from streamrl.config.schema import load_config
+    from streamrl.config import load_config
     from streamrl.run.preflight import PreflightError, check_train_compile
 
     check_train_compile(load_config(None, ["train.compile=true"]))  # a language model: fine

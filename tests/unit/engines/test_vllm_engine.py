@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationRequest, SamplingParams
 from streamrl.engines.factory import engine_options, make_inference_engine

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.types import (
     GenerationRequest,
     GenerationResult,
@@ -33,6 +32,7 @@ from streamrl.rollout.selection import GroupSampler
 from streamrl.rollout.selection.draws import StratumEngine, independent, stratified
 from streamrl.rollout.worker import rollout_group
 from streamrl.run.preflight import PreflightError, check_group_sampling
+from tests.tiny_run import algorithm_of
 from tests.unit.engines.test_inference_engine import tiny_llama
 
 G = 8
@@ -102,7 +102,7 @@ async def _two_turns(engine, item, seed: int, greedy: bool = False) -> Trajector
 @pytest.mark.parametrize("rule", ["independent", "stratified"])
 def test_every_request_of_a_member_carries_its_stratum_the_episode_unaware(rule: str) -> None:
     engine = _Recording()
-    algorithm = build_algorithm(load_config(None, ["algorithm.dynamic_sampling=false"]))
+    algorithm = algorithm_of(load_config(None, ["algorithm.dynamic_sampling=false"]))
     sampler = GroupSampler(stratified if rule == "stratified" else independent)
     item = Item(id="q", prompt="1+1=", answer="2", index=9)
     asyncio.run(rollout_group(engine, _two_turns, algorithm, item, 4, 3, sampler))

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
 from streamrl.cli.main import main
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.models.policies import build_policy, load_policy
 from streamrl.rollout.episodes.gym import GymEpisode
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
 from streamrl.stream.sample_stream import Group
+from tests.tiny_run import algorithm_of
 
 
 class Counter(gym.Env):
@@ -95,13 +95,13 @@ def test_terminated_episodes_are_not_bootstrapped_in_gae():
     cfg = load_config(
         None,
         [
-            "algorithm.advantage=gae",
-            "algorithm.gamma=0.5",
-            "algorithm.gae_lambda=1.0",
-            "algorithm.norm_advantages=false",
+            "algorithm.name=ppo",
+            "algorithm.ppo.gamma=0.5",
+            "algorithm.ppo.gae_lambda=1.0",
+            "algorithm.ppo.norm_advantages=false",
         ],
     )
-    algo = build_algorithm(cfg)
+    algo = algorithm_of(cfg)
 
     class Trainer:
         class model:  # noqa: N801 - a stand-in with the one method prepare calls
@@ -198,14 +198,14 @@ gym.register(
 )
 
 
-@pytest.mark.parametrize("advantage", ["gae", "vtrace"])
+@pytest.mark.parametrize("advantage", ["ppo", "appo"])
 def test_cartpole_return_rises(tmp_path: Path, advantage: str):
     cfg = load_config(
         "examples/cartpole.yaml",
         [
             "train.steps=48",
             "eval.every=0",
-            f"algorithm.advantage={advantage}",
+            f"algorithm.name={advantage}",
             f"run.output_dir={tmp_path}",
             "run.progress=false",
             "run.tensorboard=false",

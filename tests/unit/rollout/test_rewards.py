@@ -16,7 +16,7 @@ import streamrl.rollout.rewards.guard
 import streamrl.rollout.rewards.llm_judge
 import streamrl.rollout.rewards.registry
 import streamrl.rollout.rewards.reward_model
-from streamrl.config.schema import RewardComponent, RewardConfig
+from streamrl.config import RewardComponent, RewardConfig
 from streamrl.core.types import Item
 from streamrl.rollout.rewards import (
     ANSWER_TAG_PATTERN,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import ConfigError, load_config
+from streamrl.config import ConfigError, load_config
 from streamrl.core.messages import GroupDone, GroupRejected, StartItems, VersionReport
 from streamrl.core.types import Item
 from streamrl.rollout.selection.posterior import (

@@ -13,8 +13,7 @@ import time
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected, SamplerWork, StartItems, VersionReport
 from streamrl.core.types import Item, SamplingParams, Trajectory
 from streamrl.rollout.selection.candidates import CandidateBudget, candidates_for
@@ -23,6 +22,7 @@ from streamrl.rollout.selection.likelihood import LikelihoodSampler, ScoreAhead
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import SampleStream
+from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_selection import ScriptedBackend
 
 
@@ -129,7 +129,7 @@ class GateBackend(ScriptedBackend):
     def __init__(self) -> None:
         super().__init__()
         self.gate = ScriptedGate()
-        algorithm = build_algorithm(load_config(None, []))
+        algorithm = algorithm_of(load_config(None, []))
         self.engine = type("Engine", (), {"version": 0})()  # the weight version, nothing else
         self.worker = RolloutWorker(
             self.engine,
@@ -317,9 +317,9 @@ def test_decisions_made_ahead_expire_and_a_lost_workers_batch_is_kept() -> None:
     assert list(sampler._spares) == [old, scoring] and 0 not in sampler._scoring
     pool.versions[0] = 0
     assert len(stream.admit(0, 4)) == 4  # the stream is full: the worker is idle
-    pool.pause(engines=False)  # the trainer evaluates: no scoring ahead meanwhile
+    pool.work_ahead(False)  # the trainer evaluates: no scoring ahead meanwhile
     assert not pool._dispatch() and 0 not in sampler._scoring
-    pool.resume(engines=False)
+    pool.work_ahead(True)
     assert pool._dispatch() and len(sampler._scoring[0][1]) == 3 * 2 - 1  # 1 held already
     at_eta0 = LikelihoodSampler(budget=budget, score_ahead=3)
     RolloutPool(GateBackend(), SampleStream(2, 0), _source(), sampler=at_eta0)

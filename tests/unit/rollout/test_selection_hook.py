@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import StartItems, VersionReport
 from streamrl.core.types import Item, SamplingParams, Trajectory
 from streamrl.rollout.selection import GroupSampler, build_sampler, register_sampler
@@ -29,6 +28,7 @@ from streamrl.run.preflight import PreflightError, check_group_sampling, check_s
 from streamrl.run.session import run_training
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import SampleStream
+from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_selection import _quick
 
 # ------------------------------------------------------------------ the new idea
@@ -91,7 +91,7 @@ class InlineBackend:
         self.reports: list = []
         self.lock = threading.Lock()
         self.engine = type("Engine", (), {"version": 0})()
-        algorithm = build_algorithm(load_config(None, []))
+        algorithm = algorithm_of(load_config(None, []))
         self.worker = RolloutWorker(
             self.engine, self.episode, algorithm, self.emit, group_size=4, seed=0, sampler=sampler
         )

@@ -12,8 +12,7 @@ import math
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import (
     WEIGHT_KEY,
@@ -30,6 +29,7 @@ from streamrl.rollout.selection.likelihood import LikelihoodSampler
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import Group, SampleStream
+from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_selection import ScriptedBackend
 
 
@@ -164,7 +164,7 @@ def _traj(reward: float, item: int, weight: float | None) -> Trajectory:
 def test_the_update_scales_the_advantages_by_the_normalised_weights() -> None:
     model, tok = load_model_and_tokenizer("tiny-small", seed=0)
     trainer = TrainEngine(model, micro_batch_sequences=4)
-    algo = build_algorithm(load_config(None, ["algorithm.dynamic_sampling=false"]))
+    algo = algorithm_of(load_config(None, ["algorithm.dynamic_sampling=false"]))
     algo.setup(trainer, tok)
     groups = [
         Group(0, 0, [_traj(1.0, 0, 1.0), _traj(0.0, 0, 1.0)]),  # accepted for sure
@@ -191,7 +191,7 @@ def test_importance_acceptance_needs_the_likelihood_gate_and_a_policy_gradient()
         check_selection(load_config(None, ["selection.acceptance=importance"]))
     ok = ["selection.kind=likelihood", "selection.acceptance=importance"]
     check_selection(load_config(None, ok))
-    check_selection(load_config(None, [*ok, "algorithm.advantage=remax"]))
+    check_selection(load_config(None, [*ok, "algorithm.name=remax"]))
 
 
 def test_a_spare_is_drawn_without_the_weight_of_an_earlier_decision() -> None:

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.algorithms import build_algorithm
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.core.messages import GroupRejected
 from streamrl.core.types import GenerationRequest, GenerationResult, Item, SamplingParams
 from streamrl.engines.inference.engine import LocalEngine
@@ -26,6 +25,7 @@ from streamrl.rollout.selection.likelihood import LikelihoodSampler
 from streamrl.rollout.worker import rollout_group
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.run.session import run_training
+from tests.tiny_run import algorithm_of
 
 
 def _gate(tokenizer, threshold: float = 0.5, group_size: int = 4) -> LikelihoodGate:
@@ -74,7 +74,7 @@ class _ScoringEngine:
 
 def test_a_skipped_item_is_never_generated_and_is_counted_as_filtered() -> None:
     _, tok = load_model_and_tokenizer("tiny", seed=0)
-    algorithm = build_algorithm(load_config(None, []))
+    algorithm = algorithm_of(load_config(None, []))
 
     async def episode(*_a, **_k):  # pragma: no cover - must not be reached
         raise AssertionError("generated a skipped item")

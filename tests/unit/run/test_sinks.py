@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.run.sinks import MlflowSink, WandbSink, build_sinks
 from streamrl.run.tracking import MetricsLogger
 

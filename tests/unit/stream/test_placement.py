@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from streamrl.config.schema import load_config
+from streamrl.config import load_config
 from streamrl.stream.backends import plan_placement
 
 
@@ -105,10 +105,10 @@ def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch)
     and back, on the process backend; every row says which, and nothing is lost."""
     import json
 
-    import streamrl.run.session
+    import streamrl.run.rl
     from streamrl.run.launch import train
 
-    monkeypatch.setattr(streamrl.run.session, "AutoPlacement", _Scripted)
+    monkeypatch.setattr(streamrl.run.rl, "AutoPlacement", _Scripted)
     cfg = load_config(
         "examples/smoke.yaml",
         [

@@ -1,0 +1,43 @@
+"""The ``train`` config section: RL steps, batch sizes and the optimizer."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from streamrl.config.base import LRSchedule, Section
+
+
+class TrainConfig(Section):
+    steps: int = Field(200, ge=0, description="RL steps (one batch each).")
+    items_per_step: int = Field(
+        16,
+        ge=1,
+        description="Items (prompts) per RL step; each is rolled out "
+        "rollout.group_size times, so a step trains on items_per_step * group_size sequences.",
+    )
+    num_minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over a batch.")
+    epochs: int = Field(
+        1, ge=1, description="Passes over each batch (PPO epochs; environment policies)."
+    )
+    micro_batch_sequences: int = Field(
+        64, ge=1, description="Sequences per forward/backward (gradient accumulation unit)."
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the language model's decoder layers for training "
+        "(dynamic shapes, one graph for every layer). SmolLM2 on one CPU thread: updates "
+        "0.90-1.03x as long (0.95x per token in RL), after ~40 s of compiling in the first "
+        "one, so it pays on long runs only (benchmarks/results/rl_step.md).",
+    )
+    lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate for RL.")
+    lr_schedule: LRSchedule = Field(
+        "constant",
+        description="RL learning-rate schedule after warm-up: constant, linear "
+        "or cosine decay to min_lr_ratio * lr at the last optimizer step.",
+    )
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up from 0.")
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final learning rate of linear/cosine decay, as a fraction."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
