@@ -129,6 +129,7 @@ def test_a_teacher_of_another_vocabulary_is_refused() -> None:
         Teachers(cfg.algorithm.distill).load(vocab_size=7, device="cpu")
 
 
+@pytest.mark.slow
 def test_a_teacher_identical_to_the_student_gives_a_reverse_kl_of_zero(tmp_path: Path) -> None:
     """A real run whose teacher is the student's own starting weights (a saved checkpoint
     of the same preset and seed): the engine's sampled log-probs and the teacher's scores
