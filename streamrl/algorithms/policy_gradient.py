@@ -122,14 +122,19 @@ class PolicyGradient(Algorithm):
         """(N,) sequence advantages; subclasses with more inputs override this."""
         return self.advantage_fn(batch.rewards, batch.item_index)
 
+    def token_advantages(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor:
+        """(N, T) advantages of the generated tokens: the sequence advantage, weighted,
+        on every one; an estimator with per-turn credit overrides this."""
+        adv = self.advantages(batch, trajectories) * sample_weights(trajectories)
+        return broadcast_to_tokens(adv, batch.loss_mask)
+
     def signal(
         self, batch: Batch, trajectories: list[Trajectory], trainer: Any, timer: Timer
     ) -> None:
-        """Fills ``batch.advantages`` (N, T): here the group's advantage of each sample
-        on every generated token; an algorithm with a per-token signal overrides this."""
+        """Fills ``batch.advantages`` (N, T) from :meth:`token_advantages`; an algorithm
+        whose per-token signal needs the trainer (a teacher's forward) overrides this."""
         with timer("advantage"):
-            adv = self.advantages(batch, trajectories) * sample_weights(trajectories)
-            batch.advantages = broadcast_to_tokens(adv, batch.loss_mask)  # (N, T)
+            batch.advantages = self.token_advantages(batch, trajectories)
 
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:
         trajectories = [t for g in groups for t in g.trajectories]

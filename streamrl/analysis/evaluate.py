@@ -23,7 +23,7 @@ from streamrl.core.engine import InferenceEngine
 from streamrl.core.sample import Sample
 from streamrl.core.types import Item
 from streamrl.engines.factory import make_inference_engine
-from streamrl.rollout.episodes import Episode
+from streamrl.rollout.episodes import Episode, episode_output
 from streamrl.rollout.rewards import describe_error
 from streamrl.sources import item_correct_reward, item_domain
 
@@ -83,7 +83,7 @@ def evaluate(
     for i, item in enumerate(items):  # an evaluation item has no issue index yet
         if item.index < 0:
             item.index = i
-    results = _run_episodes(engine, episode, items, n, greedy, seed)
+    results = [_one_sample(r) for r in _run_episodes(engine, episode, items, n, greedy, seed)]
     outcomes: list[list[bool]] = []
     per_item: list[dict[str, Any]] = []
     reward_failures = episode_failures = 0
@@ -98,6 +98,15 @@ def evaluate(
     metrics["reward_failures"] = reward_failures
     metrics["episode_failures"] = episode_failures
     return EvalResult(accuracy, metrics, per_item, reward_failures, episode_failures)
+
+
+def _one_sample(result: Any) -> Any:
+    """An episode's result as one sample: a seat against fixed opponents gives one
+    trajectory; an environment episode that failed becomes its error."""
+    if isinstance(result, BaseException) or result is None:
+        return result
+    out = episode_output(result)
+    return out.trajectories[0] if out.trajectories else RuntimeError(out.error)
 
 
 def _run_episodes(

@@ -11,6 +11,9 @@ each family's own settings are nested under its name:
   targets and advantages by V-trace): ``algorithm.ppo.*``, and ``algorithm.vtrace.*``;
 - ``bc``, ``iql``, ``td3_bc`` on transitions (logged data, environments):
   ``algorithm.offline.*``;
+- ``turn_discounted``, ``gigpo``: per-turn credit of multi-turn episodes
+  (``algorithm.turn.*``); ``rae``: role-conditioned baselines for self-play
+  (``algorithm.rae.*``);
 - ``distill``: on-policy distillation (a teacher's per-token reverse KL as the advantage
   or the loss): ``algorithm.distill.*``.
 
@@ -170,6 +173,29 @@ class OfflineConfig(Section):
     )
 
 
+class TurnConfig(Section):
+    """``turn_discounted`` and ``gigpo``: per-turn rewards of multi-turn episodes."""
+
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="Discount from one turn to the next (per turn, not token)."
+    )
+    step_weight: float = Field(
+        1.0, ge=0, description="gigpo: weight of the step-level (anchor state) advantage."
+    )
+
+
+class RAEConfig(Section):
+    """``rae``: a baseline per game and role (SPIRAL's role-conditioned advantages)."""
+
+    decay: float = Field(
+        0.95,
+        ge=0,
+        lt=1,
+        description="Decay of each (game, role) baseline, an exponential moving average of "
+        "that role's returns.",
+    )
+
+
 class AlgorithmConfig(Section):
     """The algorithm and its settings (the module docstring lists the families)."""
 
@@ -177,8 +203,9 @@ class AlgorithmConfig(Section):
         "grpo",
         description="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax "
         "(outcome-reward policy gradient); ppo (learned critic, GAE) | appo (learned critic, "
-        "V-trace); distill (on-policy distillation from a teacher); on transitions (offline "
-        "data, environments): bc | iql | td3_bc; or one a plugin registers.",
+        "V-trace); on transitions (offline data, environments): bc | iql | td3_bc; multi-turn "
+        "credit: turn_discounted | gigpo; self-play: rae; distill (on-policy distillation from "
+        "a teacher); or one a plugin registers.",
     )
     # ---- the policy-gradient update (every algorithm but bc, iql and td3_bc)
     policy_loss: str = Field(
@@ -211,6 +238,8 @@ class AlgorithmConfig(Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     vtrace: VTraceConfig = Field(default_factory=VTraceConfig)
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    turn: TurnConfig = Field(default_factory=TurnConfig)
+    rae: RAEConfig = Field(default_factory=RAEConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
 
     @field_validator("name")

@@ -29,6 +29,7 @@ from streamrl.models.loading import check_model_source, load_tokenizer
 from streamrl.models.policies import POLICY_PRESETS, PolicyOptions, names_a_policy
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
+from streamrl.rollout.episodes.base import MeasuresPrompts
 from streamrl.rollout.rewards import CompositeReward, build_reward, reward_names, reward_options
 from streamrl.rollout.selection import UnknownKind, check_draws, check_sampler
 from streamrl.sources import (
@@ -336,7 +337,11 @@ def check_prompt_lengths(
     if cfg.endpoint.enabled or lm is None or lm.context is None:
         return  # (external agents' prompts; a policy; a model that states no context)
     context = lm.context
-    measure = getattr(episode, "prompt_ids", None) or functools.partial(encode_prompt, lm.tokenizer)
+    measure = (
+        episode.prompt_ids
+        if isinstance(episode, MeasuresPrompts)
+        else functools.partial(encode_prompt, lm.tokenizer)
+    )
     limit = cfg.data.max_too_long_fraction
     for split, drawn in (("training", first), ("held-out", heldout)):
         items = list({it.id: it for it in drawn}.values())  # (a small source repeats)

@@ -94,7 +94,7 @@ class RolloutPool(PoolBooks):
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
         self.max_dropped_in_a_row = max_dropped_in_a_row  # equal-reward groups; 0: never
-        self.interval_s = getattr(backend, "poll_interval_s", interval_s)
+        self.interval_s = backend.poll_interval_s or interval_s
         self.log = logger or logging.getLogger("streamrl.pool")
         n = backend.num_workers
         self.versions: list[int | None] = [None] * n  # acknowledged engine version

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -80,14 +81,46 @@ class ReplayEngine:
         return GenerationResult(request.prompt_ids, ids, [0.0] * len(ids), [-1] * len(ids), "stop")
 
 
+def turn_text(tokenizer: Any, res: GenerationResult, params: SamplingParams) -> tuple[str, str]:
+    """(the turn as generated, stop included; the assistant message's content: the text
+    without the stop token or stop string)."""
+    ids = list(res.token_ids)
+    full = tokenizer.decode(ids, skip_special_tokens=False)
+    if ids and ids[-1] in params.stop_token_ids:
+        ids = ids[:-1]
+    content = tokenizer.decode(ids, skip_special_tokens=False)
+    for stop in params.stop:
+        if res.finish_reason == "stop" and content.endswith(stop):
+            content = content[: -len(stop)]
+            break
+    return full, content
+
+
+def observation_text(
+    render: Callable[..., str], messages: list[dict], added: int, rendered: str, as_generated: str
+) -> tuple[str, str, bool]:
+    """The text between a model turn and the next one (see the module docstring).
+
+    ``messages`` ends with the ``added`` new (tool or environment) messages; ``rendered``
+    is G and ``as_generated`` O. Returns (F, the observation text, whether the template
+    agreed); when it rewrote history, the observation is the part of F after the
+    conversation closed before the new messages."""
+    following = render(messages, generation_prompt=True)  # F
+    if following.startswith(rendered + as_generated):
+        return following, following[len(rendered + as_generated) :], True
+    closed = render(messages[:-added], generation_prompt=False)
+    return following, (following[len(closed) :] if following.startswith(closed) else ""), False
+
+
 def turn_seed(seed: int, turn: int) -> int:
     """A distinct sampling seed per turn (the engine's noise is keyed by seed and position)."""
     return (seed * 1_000_033 + turn * 7_919) % (2**62)
 
 
 @dataclass
-class _Tokens:
-    """The trajectory being built: parallel per-token lists."""
+class TokenLog:
+    """The trajectory being built: parallel per-token lists (observation tokens masked,
+    generated tokens with their log-probs and versions)."""
 
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
@@ -166,16 +199,7 @@ class AgentEpisode:
 
     def turn_text(self, res: GenerationResult, params: SamplingParams) -> tuple[str, str]:
         """(the turn as generated, stop included; the assistant message's content)."""
-        ids = list(res.token_ids)
-        full = self.tokenizer.decode(ids, skip_special_tokens=False)
-        if ids and ids[-1] in params.stop_token_ids:
-            ids = ids[:-1]
-        content = self.tokenizer.decode(ids, skip_special_tokens=False)
-        for stop in params.stop:
-            if res.finish_reason == "stop" and content.endswith(stop):
-                content = content[: -len(stop)]
-                break
-        return full, content
+        return turn_text(self.tokenizer, res, params)
 
     async def __call__(
         self,
@@ -188,7 +212,7 @@ class AgentEpisode:
         params = item_params(self.sampling, item, greedy)
         messages = self.first_messages(item)
         rendered = self.render(messages, generation_prompt=True)  # G of the first turn
-        tokens = _Tokens()
+        tokens = TokenLog()
         tokens.observe(self.encode(rendered))  # (= prompt_ids(item))
         m: dict[str, float] = {"agent/turns": 0.0, "agent/tool_calls": 0.0}
         answer, budget, mismatch, finish = "", self.max_total_tokens, 0, "length"
@@ -218,11 +242,10 @@ class AgentEpisode:
                 answer = final[0].content
                 break
             messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-            following = self.render(messages, generation_prompt=True)  # F
-            observation, rewrote = self._observation(
-                messages, len(results), rendered + as_generated, following
+            following, observation, agreed = observation_text(
+                self.render, messages, len(results), rendered, as_generated
             )
-            mismatch += rewrote
+            mismatch += not agreed
             obs_ids = self.encode(observation)
             if len(obs_ids) > budget:
                 m["agent/truncated"] = 1.0
@@ -240,7 +263,7 @@ class AgentEpisode:
         self,
         engine: InferenceEngine,
         item: Item,
-        tokens: _Tokens,
+        tokens: TokenLog,
         params: SamplingParams,
         budget: int,
         seed: int,
@@ -272,21 +295,10 @@ class AgentEpisode:
                 m[key] = m.get(key, 0.0) + value
         return results
 
-    def _observation(
-        self, messages: list[dict], n_results: int, so_far: str, following: str
-    ) -> tuple[str, bool]:
-        """The text the tool results add after ``so_far`` (the rendering up to the last
-        generated turn), and whether the template rewrote history (then our tokens are
-        kept and the disagreement is counted)."""
-        if following.startswith(so_far):
-            return following[len(so_far) :], False
-        closed = self.render(messages[:-n_results], generation_prompt=False)
-        return (following[len(closed) :] if following.startswith(closed) else ""), True
-
     async def _trajectory(
         self,
         item: Item,
-        tokens: _Tokens,
+        tokens: TokenLog,
         messages: list[dict],
         answer: str,
         finish: str,

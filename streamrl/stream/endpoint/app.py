@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 
+from streamrl.core.engine import context_of
 from streamrl.core.types import SamplingParams
 from streamrl.rollout.episodes import sampling_params
 from streamrl.stream.endpoint.guard import RequestGuard
@@ -135,7 +136,7 @@ class ChatCompletions:
         self.model_name = cfg.model.name_or_path
         self.defaults = sampling_params(cfg, self.tokenizer)
         # prompt + completion tokens (an engine plugged in by a test may not say)
-        self.context = getattr(pool.engine, "max_seq_len", None)
+        self.context = context_of(pool.engine)
         limits = [e.max_prompt_tokens, self.context - 1 if self.context else None]
         self.max_prompt = min((x for x in limits if x is not None), default=None)
         # one thread: a Hugging Face tokenizer is not safe to share between threads
