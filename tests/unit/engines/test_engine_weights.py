@@ -73,10 +73,15 @@ def test_packed_engine_logprobs_are_exact_for_its_own_weights_and_near_fp32(weig
 def test_weight_updates_repack_including_a_tied_head(weights):
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     engine = LocalEngine(LlamaForCausalLM(cfg).eval(), decode_slots=4, weights=weights)
     new = LlamaForCausalLM(cfg).eval()  # other random weights
     # named_parameters() lists a tied head once, as the embedding: an update may lack it
@@ -245,6 +250,7 @@ def _mismatch(tmp_path: Path, weights: str, backend: str) -> list[dict[str, floa
     ]
 
 
+@pytest.mark.slow  # three runs, one on the process backend
 def test_runs_on_packed_engine_weights_report_a_small_mismatch(tmp_path: Path):
     """At eta = 0 every token comes from the trainer's own weights, so mismatch/* is the
     numerics alone: ~1e-7 per token for the fp32 engine and for oneDNN's fp32 products,
@@ -261,3 +267,17 @@ def test_runs_on_packed_engine_weights_report_a_small_mismatch(tmp_path: Path):
     assert max(r["mismatch/abs_log_ratio_mean"] for r in onednn) < 1e-6
     # the k3 KL ~ gap^2 / 2: small, but not cancelled to 0 in float arithmetic
     assert all(0 < r["mismatch/kl"] < 1e-6 for r in packed)
+
+
+def test_copy_named_ignores_unknown_names_and_refuses_a_wrong_shape_before_copying() -> None:
+    """The engine's publish path (load_state_dict(strict=False) through a name map)."""
+    from streamrl.engines.inference.engine import copy_named
+
+    model = torch.nn.Linear(3, 2)
+    tensors = dict(model.state_dict(keep_vars=True))
+    before = model.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="bias: \\[3\\], expected \\[2\\]"):
+        copy_named(model, tensors, {"weight": torch.ones(2, 3), "bias": torch.zeros(3)})
+    assert torch.equal(model.weight, before)  # nothing copied
+    copy_named(model, tensors, {"weight": torch.ones(2, 3), "not_a_weight": torch.zeros(1)})
+    assert torch.equal(model.weight, torch.ones(2, 3))
