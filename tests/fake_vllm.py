@@ -33,15 +33,38 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from streamrl.engines.inference.sampling import sampling_logits
 
 ENGINE_FIELDS = {
-    "model", "tokenizer", "seed", "max_model_len", "max_num_seqs", "enable_prefix_caching",
-    "logprobs_mode", "async_scheduling", "generation_config", "disable_log_stats", "dtype",
-    "gpu_memory_utilization", "enforce_eager", "skip_tokenizer_init", "kv_cache_memory_bytes",
-}  # fmt: skip
+    "model",
+    "tokenizer",
+    "seed",
+    "max_model_len",
+    "max_num_seqs",
+    "enable_prefix_caching",
+    "logprobs_mode",
+    "async_scheduling",
+    "generation_config",
+    "disable_log_stats",
+    "dtype",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "skip_tokenizer_init",
+    "kv_cache_memory_bytes",
+}
 SAMPLING_FIELDS = {
-    "n", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stop_token_ids",
-    "ignore_eos", "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "logprobs",
+    "prompt_logprobs",
+    "detokenize",
+    "skip_special_tokens",
     "output_kind",
-}  # fmt: skip
+}
 
 
 class RequestOutputKind(enum.Enum):
@@ -68,9 +91,18 @@ class SamplingParams(_Fields):
     FIELDS = SAMPLING_FIELDS
 
     def __getattr__(self, name: str) -> Any:  # vLLM's defaults for the fields not given
-        defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None, "stop": None,
-                    "stop_token_ids": None, "ignore_eos": False, "logprobs": None,
-                    "prompt_logprobs": None, "max_tokens": 16}  # fmt: skip
+        defaults = {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "seed": None,
+            "stop": None,
+            "stop_token_ids": None,
+            "ignore_eos": False,
+            "logprobs": None,
+            "prompt_logprobs": None,
+            "max_tokens": 16,
+        }
         if name in defaults:
             return defaults[name]
         raise AttributeError(name)
@@ -207,9 +239,11 @@ class LLMEngine:
             lp = torch.log_softmax(logits, -1)[0, tok]
         else:
             scores = sampling_logits(
-                logits, torch.tensor([p.temperature]), torch.tensor([p.top_k]),
+                logits,
+                torch.tensor([p.temperature]),
+                torch.tensor([p.top_k]),
                 torch.tensor([p.top_p]),
-            )  # fmt: skip
+            )
             probs = torch.softmax(scores, -1)
             tok = int(torch.multinomial(probs[0], 1, generator=r.gen))
             lp = torch.log_softmax(scores, -1)[0, tok]

@@ -1,10 +1,9 @@
 """The architecture's rules, checked on the source: layered imports without cycles,
-small modules, and no algorithm branching outside ``streamrl/algorithms/``."""
+small functions, declared sample types, and no algorithm branching outside ``streamrl/algorithms/``."""
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -120,21 +119,73 @@ def test_no_import_cycles_between_modules() -> None:
             visit(m)
 
 
-def test_no_module_exceeds_600_lines() -> None:
-    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600}
-    assert not long, long
+def test_no_function_over_60_lines_outside_the_recipes() -> None:
+    """A function reads in one screen. A recipe is the exception: it is meant to be read
+    top to bottom as the algorithm. (This replaces a 600-line module cap, which was met
+    by splitting modules where the cap fell rather than where a concern ends.)"""
+    long = []
+    for mod, path in MODULES.items():
+        if mod.startswith("streamrl.recipes"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 60:
+                    long.append(f"{mod}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "\n".join(long)
+
+
+def test_no_line_escapes_the_formatter() -> None:
+    marks = ("fmt: " + "skip", "fmt: " + "off")
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in [*PKG.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if any(m in line for m in marks)
+    ]
+    assert not hits, "\n".join(hits)
+
+
+def test_no_code_outside_core_branches_on_a_sample_type() -> None:
+    """Samples are read through the ``Sample`` protocol (core/sample.py): no
+    ``isinstance(x, Trajectory | Segment | Transitions)`` outside ``core/``."""
+    kinds = {"Trajectory", "Segment", "Transitions"}
+    bad = []
+    for mod, path in MODULES.items():
+        if mod.startswith("streamrl.core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance":
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                if names & kinds:
+                    bad.append(f"{mod}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)
+
+
+def _algorithm_names() -> set[str]:
+    from streamrl.algorithms import base, registry
+
+    return (
+        set(base._ALGORITHMS) | set(registry.advantage_names()) | set(registry.policy_loss_names())
+    )
 
 
 def test_only_the_algorithms_package_branches_on_algorithm_names() -> None:
-    name = r"[\"'](remax|grpo|dr_grpo|rloo|reinforce_pp\w*|ppo_clip|gspo|cispo)[\"']"
-    pattern = re.compile(
-        rf"\b(advantage|policy_loss)\s*(==|!=|\bin\b)|(==|!=|\bin\b)\s*{name}|{name}\s*(==|!=)"
-    )
-    hits = [
-        f"{p.relative_to(PKG.parent)}:{i}: {line.strip()}"
-        for p in PKG.rglob("*.py")
-        if "algorithms" not in p.parts
-        for i, line in enumerate(p.read_text().splitlines(), 1)
-        if pattern.search(line) and not line.lstrip().startswith("#")
-    ]
+    """No ``x == "ppo"``, ``name in ("grpo", "rloo")`` outside ``algorithms/``: what an
+    algorithm does differently is a member of its Algorithm object or its loss."""
+    names = _algorithm_names()
+
+    def named(node: ast.AST) -> bool:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in names for e in elts)
+
+    hits = []
+    for mod, path in MODULES.items():
+        if mod.startswith("streamrl.algorithms"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                named(n) for n in [node.left, *node.comparators]
+            ):
+                hits.append(f"{mod}:{node.lineno}: {ast.unparse(node)}")
     assert not hits, "\n".join(hits)

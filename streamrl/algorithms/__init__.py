@@ -11,6 +11,8 @@ that use them.
 - ``policy_gradient.py`` (GRPO & co.), ``remax.py``, ``actor_critic.py`` (PPO with a
   learned critic: ``ppo`` by GAE, ``appo`` by V-trace): one file per algorithm;
   ``returns.py``: GAE, V-trace.
+- ``turn_credit.py`` (per-turn advantages of multi-turn episodes: turn_discounted,
+  gigpo) and ``role_conditioned.py`` (rae: a baseline per game and role, for self-play).
 - ``offline.py`` (bc, iql, td3_bc on logged and online transitions) with its pure
   losses in ``offline_losses.py``.
 - ``stages/``: the pre-RL stages (SFT, DPO, A-LoL) behind one ``Stage`` protocol.
@@ -21,6 +23,8 @@ from streamrl.algorithms import advantages as advantages
 from streamrl.algorithms import alol as alol  # registers the alol policy loss
 from streamrl.algorithms import losses as losses
 from streamrl.algorithms import offline as offline  # registers bc, iql, td3_bc
+from streamrl.algorithms import role_conditioned as role_conditioned  # registers rae
+from streamrl.algorithms import turn_credit as turn_credit  # turn_discounted, gigpo
 from streamrl.algorithms.advantages import broadcast_to_tokens, group_stats, whiten
 from streamrl.algorithms.base import (
     Algorithm,

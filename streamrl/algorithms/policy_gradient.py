@@ -122,12 +122,17 @@ class PolicyGradient(Algorithm):
         """(N,) sequence advantages; subclasses with more inputs override this."""
         return self.advantage_fn(batch.rewards, batch.item_index)
 
+    def token_advantages(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor:
+        """(N, T) advantages of the generated tokens: the sequence advantage, weighted,
+        on every one; an estimator with per-turn credit overrides this."""
+        adv = self.advantages(batch, trajectories) * sample_weights(trajectories)
+        return broadcast_to_tokens(adv, batch.loss_mask)
+
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:
         trajectories = [t for g in groups for t in g.trajectories]
         with timer("advantage"):
             batch = Batch.collate(trajectories, pad_id=self.pad_id)
-            adv = self.advantages(batch, trajectories) * sample_weights(trajectories)
-            batch.advantages = broadcast_to_tokens(adv, batch.loss_mask)  # (N, T)
+            batch.advantages = self.token_advantages(batch, trajectories)  # (N, T)
         if self.reference is not None:
             with timer("ref_logprob"):
                 batch.ref_logprobs = trainer.compute_logprobs(batch, model=self.reference)

@@ -279,15 +279,8 @@ def compare(
     return result
 
 
-def _compare(
-    runs: Sequence[Run],
-    metric: str,
-    reps: int,
-    seed: int,
-    alpha: float,
-    adastop_n_per_stage: int,
-    adastop_stages: int,
-) -> ComparisonResult:
+def _final_scores(runs: Sequence[Run], metric: str) -> dict[Path, float]:
+    """Every run's final ``metric``; one error listing (up to 5) the runs that lack it."""
     missing = []
     scores_by_run: dict[Path, float] = {}
     for run in runs:
@@ -298,7 +291,55 @@ def _compare(
     if missing:
         more = f" (and {len(missing) - 5} more runs)" if len(missing) > 5 else ""
         raise CompareError("\n".join(missing[:5]) + more)
+    return scores_by_run
 
+
+def _pairwise(
+    scores: dict[str, np.ndarray],
+    reps: int,
+    seed: int,
+    alpha: float,
+    adastop_n_per_stage: int,
+    adastop_stages: int,
+) -> tuple[list[PairResult], stats.AdaStopResult]:
+    """AdaStop's decisions over all groups, and each pair's improvement interval."""
+    adastop = stats.adastop_decision(
+        scores, adastop_n_per_stage, adastop_stages, alpha=alpha, seed=seed
+    )
+    pairs: list[PairResult] = []
+    for a, b in itertools.combinations(scores, 2):
+        verdict = adastop.decisions[(a, b)]
+        more = max(adastop.more_seeds.get(a, 0), adastop.more_seeds.get(b, 0))
+        poi = stats.improvement_interval(scores[a], scores[b], reps=reps, seed=seed)
+        pairs.append(PairResult(a, b, poi, verdict, more))
+    return pairs, adastop
+
+
+def _learning_curves(
+    groups: dict[str, list[Run]], key: str, reps: int, seed: int, notes: list[str]
+) -> dict[str, plots.Curve]:
+    """Each group's learning curve of ``key``; a note names the groups that have none."""
+    curves = {g: _learning_curve(rs, key, reps, seed) for g, rs in groups.items()}
+    no_curve = [g for g, c in curves.items() if c is None]
+    if no_curve:
+        which = "any group" if len(no_curve) == len(groups) else ", ".join(no_curve)
+        notes.append(
+            f"no learning curve for {which}: {key!r} is not logged over a common step range "
+            f"in every run's {METRICS}"
+        )
+    return {g: c for g, c in curves.items() if c is not None}
+
+
+def _compare(
+    runs: Sequence[Run],
+    metric: str,
+    reps: int,
+    seed: int,
+    alpha: float,
+    adastop_n_per_stage: int,
+    adastop_stages: int,
+) -> ComparisonResult:
+    scores_by_run = _final_scores(runs, metric)
     groups = group_runs(runs)
     notes = _check_groups(groups, metric)
     scores = {g: np.array([scores_by_run[r.path] for r in rs]) for g, rs in groups.items()}
@@ -314,25 +355,10 @@ def _compare(
             "showing its intervals only. Pass runs of at least 2 recipes to compare them.",
         )
     else:
-        adastop = stats.adastop_decision(
-            scores, adastop_n_per_stage, adastop_stages, alpha=alpha, seed=seed
-        )
-        for a, b in itertools.combinations(groups, 2):
-            verdict = adastop.decisions[(a, b)]
-            more = max(adastop.more_seeds.get(a, 0), adastop.more_seeds.get(b, 0))
-            poi = stats.improvement_interval(scores[a], scores[b], reps=reps, seed=seed)
-            pairs.append(PairResult(a, b, poi, verdict, more))
+        pairs, adastop = _pairwise(scores, reps, seed, alpha, adastop_n_per_stage, adastop_stages)
 
     key = series_key(parse_metric(metric)[1], runs, notes)
-    curves = {g: _learning_curve(rs, key, reps, seed) for g, rs in groups.items()}
-    no_curve = [g for g, c in curves.items() if c is None]
-    if no_curve:
-        which = "any group" if len(no_curve) == len(groups) else ", ".join(no_curve)
-        notes.append(
-            f"no learning curve for {which}: {key!r} is not logged over a common step range "
-            f"in every run's {METRICS}"
-        )
-    curves = {g: c for g, c in curves.items() if c is not None}
+    curves = _learning_curves(groups, key, reps, seed, notes)
     return ComparisonResult(
         metric,
         groups,

@@ -23,7 +23,7 @@ from streamrl.core.engine import InferenceEngine
 from streamrl.core.sample import Sample
 from streamrl.core.types import Item
 from streamrl.engines.factory import make_inference_engine
-from streamrl.rollout.episodes import Episode
+from streamrl.rollout.episodes import Episode, episode_output
 from streamrl.rollout.rewards import describe_error
 from streamrl.sources import item_correct_reward, item_domain
 
@@ -79,12 +79,45 @@ def evaluate(
     rejects counts as incorrect and is recorded, never dropped. A sample is correct
     when the item's own ``metadata["correct_reward"]`` (else ``correct_reward``) is >= 1.
     """
-    from streamrl.analysis.passk import summarize_outcomes
-
     n = 1 if greedy else samples_per_item
     for i, item in enumerate(items):  # an evaluation item has no issue index yet
         if item.index < 0:
             item.index = i
+    results = [_one_sample(r) for r in _run_episodes(engine, episode, items, n, greedy, seed)]
+    outcomes: list[list[bool]] = []
+    per_item: list[dict[str, Any]] = []
+    reward_failures = episode_failures = 0
+    for i, item in enumerate(items):
+        graded = _grade_item(item, results[i * n : (i + 1) * n], correct_reward)
+        outcomes.append(graded.record["correct"])
+        per_item.append(graded.record)
+        reward_failures += graded.reward_failures
+        episode_failures += graded.episode_failures
+    accuracy = sum(o[0] for o in outcomes) / max(len(outcomes), 1)
+    metrics = _eval_metrics(items, outcomes, results, accuracy, n, ks)
+    metrics["reward_failures"] = reward_failures
+    metrics["episode_failures"] = episode_failures
+    return EvalResult(accuracy, metrics, per_item, reward_failures, episode_failures)
+
+
+def _one_sample(result: Any) -> Any:
+    """An episode's result as one sample: a seat against fixed opponents gives one
+    trajectory; an environment episode that failed becomes its error."""
+    if isinstance(result, BaseException) or result is None:
+        return result
+    out = episode_output(result)
+    return out.trajectories[0] if out.trajectories else RuntimeError(out.error)
+
+
+def _run_episodes(
+    engine: InferenceEngine,
+    episode: Episode,
+    items: list[Item],
+    n: int,
+    greedy: bool,
+    seed: int,
+) -> list[Sample | BaseException | None]:
+    """``n`` episodes of every item, concurrently; a raised error is kept as the result."""
 
     async def run_all() -> list[Sample | BaseException | None]:
         coros = [
@@ -94,43 +127,66 @@ def evaluate(
         ]
         return await asyncio.gather(*coros, return_exceptions=True)
 
-    results = asyncio.run(run_all())
-    outcomes: list[list[bool]] = []
-    per_item: list[dict[str, Any]] = []
+    return asyncio.run(run_all())
+
+
+@dataclass
+class _GradedItem:
+    record: dict[str, Any]  # the per-item JSON record
+    reward_failures: int
+    episode_failures: int
+
+
+def _grade_item(
+    item: Item, results: list[Sample | BaseException | None], correct_reward: str
+) -> _GradedItem:
+    """One item's samples graded: completions, correctness, lengths and errors, with a
+    failed or rejected episode counted and recorded as incorrect."""
+    judge = item_correct_reward(item, correct_reward)
+    completions, correct, errors, lengths = [], [], [], []
     reward_failures = episode_failures = 0
-    for i, item in enumerate(items):
-        judge = item_correct_reward(item, correct_reward)
-        completions, correct, errors, lengths = [], [], [], []
-        for res in results[i * n : (i + 1) * n]:
-            if isinstance(res, BaseException) or res is None:
-                episode_failures += 1
-                completions.append(None)
-                lengths.append(0)
-                correct.append(False)
-                errors.append(
-                    {"episode": describe_error(res) if res is not None else "episode rejected"}
-                )
-                continue
-            meta = res.metadata
-            reward_failures += bool(meta.get("reward_errors"))
-            completions.append(meta.get("completion"))
-            lengths.append(res.num_generated)
-            correct.append(is_correct(meta.get("reward_components") or {}, judge))
-            errors.append(meta.get("reward_errors") or None)
-        outcomes.append(correct)
-        record = {
-            "id": item.id,
-            "prompt": item.prompt if item.prompt is not None else item.messages,
-            "answer": item.answer,
-            "completions": completions,
-            "generated_tokens": lengths,
-            "correct": correct,
-            "reward_errors": errors,
-        }
-        if (domain := item_domain(item)) is not None:  # (items of no domain: as before)
-            record["domain"] = domain
-        per_item.append(record)
-    accuracy = sum(o[0] for o in outcomes) / max(len(outcomes), 1)
+    for res in results:
+        if isinstance(res, BaseException) or res is None:
+            episode_failures += 1
+            completions.append(None)
+            lengths.append(0)
+            correct.append(False)
+            errors.append(
+                {"episode": describe_error(res) if res is not None else "episode rejected"}
+            )
+            continue
+        meta = res.metadata
+        reward_failures += bool(meta.get("reward_errors"))
+        completions.append(meta.get("completion"))
+        lengths.append(res.num_generated)
+        correct.append(is_correct(meta.get("reward_components") or {}, judge))
+        errors.append(meta.get("reward_errors") or None)
+    record = {
+        "id": item.id,
+        "prompt": item.prompt if item.prompt is not None else item.messages,
+        "answer": item.answer,
+        "completions": completions,
+        "generated_tokens": lengths,
+        "correct": correct,
+        "reward_errors": errors,
+    }
+    if (domain := item_domain(item)) is not None:  # (items of no domain: as before)
+        record["domain"] = domain
+    return _GradedItem(record, reward_failures, episode_failures)
+
+
+def _eval_metrics(
+    items: list[Item],
+    outcomes: list[list[bool]],
+    results: list[Sample | BaseException | None],
+    accuracy: float,
+    n: int,
+    ks: tuple[int, ...],
+) -> dict[str, float]:
+    """Accuracy (overall and per domain), pass@k / avg@k when ``n > 1``; environment
+    episodes report their return's mean and std instead of an accuracy."""
+    from streamrl.analysis.passk import summarize_outcomes
+
     finished = [r for r in results if r is not None and not isinstance(r, BaseException)]
     returns = [sum(r.episode_returns) for r in finished if r.environment]
     metrics: dict[str, float] = {"accuracy": accuracy, "n_items": len(items), "n_samples": n}
@@ -143,9 +199,7 @@ def evaluate(
         metrics["return_std"] = (
             float(torch.tensor(returns, dtype=torch.float64).std()) if len(returns) > 1 else 0.0
         )
-    metrics["reward_failures"] = reward_failures
-    metrics["episode_failures"] = episode_failures
-    return EvalResult(accuracy, metrics, per_item, reward_failures, episode_failures)
+    return metrics
 
 
 def evaluate_model(

@@ -31,6 +31,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -254,8 +255,6 @@ def adastop_decision(
     fixed across re-runs so that the sequential guarantee holds. See the module docstring
     for how stages map onto runs.
     """
-    from adastop import MultipleAgentsComparator
-
     if len(scores_by_group) < 2:
         raise ValueError("AdaStop compares groups: need at least 2")
     if n_per_stage < 1 or n_stages < 1:
@@ -263,32 +262,8 @@ def adastop_decision(
     names = list(scores_by_group)
     scores = {g: as_scores(scores_by_group[g], name=g).mean(axis=1) for g in names}
     pairs = list(itertools.combinations(range(len(names)), 2))
-    comparator = MultipleAgentsComparator(
-        n=n_per_stage,
-        K=n_stages,
-        B=n_permutations,
-        comparisons=np.array(pairs),  # must be an array: adastop masks it with booleans
-        # adastop 0.1.3 compares |mean difference| with quantiles of the *signed* permutation
-        # distribution, so its two-sided test spends 2 * alpha (a null simulation rejects
-        # ~10% at alpha=0.05). That distribution is symmetric, so alpha / 2 restores level alpha.
-        alpha=alpha / 2,
-        seed=seed,
-    )
-    open_groups = set(names)
-    used = {g: 0 for g in names}
-    stage = 0
-    while stage < n_stages and not comparator.is_finished:
-        needed = (stage + 1) * n_per_stage
-        if any(len(scores[g]) < needed for g in open_groups):
-            break
-        # Groups out of every open comparison keep the runs they had; AdaStop ignores them.
-        data = {g: scores[g][: needed if g in open_groups else used[g]] for g in names}
-        comparator.partial_compare(data, verbose=False)
-        for g in names:
-            used[g] = len(data[g])
-        stage += 1
-        open_groups = {names[i] for c in comparator.current_comparisons for i in c}
-
+    comparator = _comparator(pairs, n_per_stage, n_stages, alpha, n_permutations, seed)
+    stage, used = _replay_stages(comparator, scores, n_per_stage, n_stages)
     if stage == 0:
         decisions = {(names[i], names[j]): "continue" for i, j in pairs}
     else:
@@ -310,3 +285,50 @@ def adastop_decision(
         alpha=alpha,
         finished=not still_open,
     )
+
+
+def _comparator(
+    pairs: list[tuple[int, int]],
+    n_per_stage: int,
+    n_stages: int,
+    alpha: float,
+    n_permutations: int,
+    seed: int,
+) -> Any:
+    """AdaStop's comparator over ``pairs`` of group indices, at family-wise level ``alpha``."""
+    from adastop import MultipleAgentsComparator
+
+    return MultipleAgentsComparator(
+        n=n_per_stage,
+        K=n_stages,
+        B=n_permutations,
+        comparisons=np.array(pairs),  # must be an array: adastop masks it with booleans
+        # adastop 0.1.3 compares |mean difference| with quantiles of the *signed* permutation
+        # distribution, so its two-sided test spends 2 * alpha (a null simulation rejects
+        # ~10% at alpha=0.05). That distribution is symmetric, so alpha / 2 restores level alpha.
+        alpha=alpha / 2,
+        seed=seed,
+    )
+
+
+def _replay_stages(
+    comparator: Any, scores: dict[str, np.ndarray], n_per_stage: int, n_stages: int
+) -> tuple[int, dict[str, int]]:
+    """Feed AdaStop its interim analyses while every open group has the runs a stage
+    needs; returns the stages run and the runs each group was compared on."""
+    names = list(scores)
+    open_groups = set(names)
+    used = {g: 0 for g in names}
+    stage = 0
+    while stage < n_stages and not comparator.is_finished:
+        needed = (stage + 1) * n_per_stage
+        if any(len(scores[g]) < needed for g in open_groups):
+            break
+        # Groups out of every open comparison keep the runs they had; AdaStop ignores them.
+        data = {g: scores[g][: needed if g in open_groups else used[g]] for g in names}
+        comparator.partial_compare(data, verbose=False)
+        for g in names:
+            used[g] = len(data[g])
+        stage += 1
+        open_groups = {names[i] for c in comparator.current_comparisons for i in c}
+    return stage, used

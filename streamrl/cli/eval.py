@@ -15,6 +15,7 @@ from streamrl.config import load_config
 from streamrl.core.atomic import distinct_paths
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
+from streamrl.rollout.episodes.base import SamplesWith
 from streamrl.rollout.rewards import build_reward
 from streamrl.run.tracking import write_json
 from streamrl.sources import build_task_source
@@ -76,7 +77,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         {
             "target": str(target),
             "split": args.split,
-            "sampling": vars(episode.sampling) if hasattr(episode, "sampling") else {},
+            "sampling": vars(episode.sampling) if isinstance(episode, SamplesWith) else {},
             "metrics": result.metrics,
             "items": result.items,
         },

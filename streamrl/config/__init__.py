@@ -1,6 +1,6 @@
 """The config: one module per section (``model.py``, ``data.py``, ``reward.py``,
 ``rollout.py``, ``algorithm.py``, ``train.py``, ``stream.py``, ``selection.py``,
-``stages.py``, ``eval.py``, ``runtime.py``, ``endpoint.py``, ``run.py``; their base in
+``stages.py``, ``env.py``, ``eval.py``, ``runtime.py``, ``endpoint.py``, ``run.py``; their base in
 ``base.py``), the whole run's ``Config`` (``schema.py``), how a config is read and its
 errors are worded (``reading.py``, ``loading.py``), the reference of every key
 (``reference.py``, the source of ``docs/config.md``), the options of components
@@ -12,12 +12,15 @@ from streamrl.config.algorithm import (
     KLConfig,
     OfflineConfig,
     PPOConfig,
+    RAEConfig,
     RunContext,
+    TurnConfig,
     VTraceConfig,
 )
 from streamrl.config.base import LRSchedule, Section
 from streamrl.config.data import DataConfig
 from streamrl.config.endpoint import EndpointConfig
+from streamrl.config.env import EnvConfig
 from streamrl.config.eval import EvalConfig
 from streamrl.config.loading import (
     RENAMED_KEYS,
@@ -42,6 +45,9 @@ from streamrl.config.train import TrainConfig
 
 __all__ = [
     "VTraceConfig",
+    "TurnConfig",
+    "RAEConfig",
+    "EnvConfig",
     "PPOConfig",
     "OfflineConfig",
     "KLConfig",

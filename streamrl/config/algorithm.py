@@ -10,7 +10,10 @@ each family's own settings are nested under its name:
 - ``ppo`` (a learned critic with GAE) and ``appo`` (asynchronous PPO: the critic's
   targets and advantages by V-trace): ``algorithm.ppo.*``, and ``algorithm.vtrace.*``;
 - ``bc``, ``iql``, ``td3_bc`` on transitions (logged data, environments):
-  ``algorithm.offline.*``.
+  ``algorithm.offline.*``;
+- ``turn_discounted``, ``gigpo``: per-turn credit of multi-turn episodes
+  (``algorithm.turn.*``); ``rae``: role-conditioned baselines for self-play
+  (``algorithm.rae.*``).
 
 The names are the algorithms' own: ``ppo`` is PPO with a critic and GAE as CleanRL, SB3
 and the RLHF recipe mean it, ``appo`` the V-trace variant by its name in Sample Factory
@@ -167,6 +170,29 @@ class OfflineConfig(Section):
     )
 
 
+class TurnConfig(Section):
+    """``turn_discounted`` and ``gigpo``: per-turn rewards of multi-turn episodes."""
+
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="Discount from one turn to the next (per turn, not token)."
+    )
+    step_weight: float = Field(
+        1.0, ge=0, description="gigpo: weight of the step-level (anchor state) advantage."
+    )
+
+
+class RAEConfig(Section):
+    """``rae``: a baseline per game and role (SPIRAL's role-conditioned advantages)."""
+
+    decay: float = Field(
+        0.95,
+        ge=0,
+        lt=1,
+        description="Decay of each (game, role) baseline, an exponential moving average of "
+        "that role's returns.",
+    )
+
+
 class AlgorithmConfig(Section):
     """The algorithm and its settings (the module docstring lists the families)."""
 
@@ -174,8 +200,8 @@ class AlgorithmConfig(Section):
         "grpo",
         description="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax "
         "(outcome-reward policy gradient); ppo (learned critic, GAE) | appo (learned critic, "
-        "V-trace); on transitions (offline data, environments): bc | iql | td3_bc; or one a "
-        "plugin registers.",
+        "V-trace); on transitions (offline data, environments): bc | iql | td3_bc; multi-turn "
+        "credit: turn_discounted | gigpo; self-play: rae; or one a plugin registers.",
     )
     # ---- the policy-gradient update (every algorithm but bc, iql and td3_bc)
     policy_loss: str = Field(
@@ -208,6 +234,8 @@ class AlgorithmConfig(Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     vtrace: VTraceConfig = Field(default_factory=VTraceConfig)
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    turn: TurnConfig = Field(default_factory=TurnConfig)
+    rae: RAEConfig = Field(default_factory=RAEConfig)
 
     @field_validator("name")
     @classmethod

@@ -17,7 +17,7 @@ class DataConfig(Section):
     )
     options: dict[str, Any] = Field(
         default_factory=lambda: {"digits": 2, "operators": "+", "heldout_size": 500},
-        description="Options for the task source (see README: Task sources), checked "
+        description="Options for the task source (see docs/tasks.md), checked "
         "against the types its signature declares before the run starts. File sources "
         "(jsonl, parquet, datasets) take max_row_bytes: the most one row may take "
         "(default 8 MiB; a larger row is an error naming its file and line).",

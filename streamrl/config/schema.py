@@ -17,6 +17,7 @@ from streamrl.config.algorithm import AlgorithmConfig
 from streamrl.config.base import Section
 from streamrl.config.data import DataConfig
 from streamrl.config.endpoint import EndpointConfig
+from streamrl.config.env import EnvConfig
 from streamrl.config.eval import EvalConfig
 from streamrl.config.model import ModelConfig
 from streamrl.config.monitors import MonitorsConfig
@@ -47,6 +48,7 @@ class Config(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -31,3 +31,24 @@ class InferenceEngine(Protocol):
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...
+
+
+@runtime_checkable
+class BoundedContext(Protocol):
+    """An engine that says how many tokens (prompt + completion) a sequence may hold;
+    one that does not (a test's scripted engine) is not checked against a context."""
+
+    max_seq_len: int
+
+
+@runtime_checkable
+class CountsStats(Protocol):
+    """An engine that keeps counters (a dataclass: requests, failures, driven steps)
+    for the workers' version reports."""
+
+    stats: Any
+
+
+def context_of(engine: object) -> int | None:
+    """The engine's context in tokens, or None where it declares none."""
+    return engine.max_seq_len if isinstance(engine, BoundedContext) else None

@@ -88,10 +88,14 @@ class Policy(nn.Module):
                 raise ValueError(f"cnn needs (C, H, W) observations, got {self.obs_shape}")
             c = self.obs_shape[0]
             self.trunk = nn.Sequential(
-                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
-            )  # fmt: skip
+                nn.Conv2d(c, 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             with torch.no_grad():
                 width = self.trunk(torch.zeros(1, *self.obs_shape)).shape[1]
             self.trunk.append(_layer(width, 512))

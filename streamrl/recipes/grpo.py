@@ -170,6 +170,10 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["-h"], ["--help"]):
+        print("usage: python -m streamrl.recipes.grpo [CONFIG.yaml] [key=value ...]")
+        print("The whole synchronous GRPO loop in one file; the config is streamrl train's.")
+        return 0
     path = args[0] if args and "=" not in args[0] else None
     cfg = load_config(path, args[1:] if path else args)
     trainer, tokenizer = grpo(cfg)

@@ -22,11 +22,11 @@ import dataclasses
 import queue
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from streamrl.algorithms import Algorithm, Filtered
-from streamrl.core.engine import InferenceEngine
+from streamrl.core.engine import CountsStats, InferenceEngine
 from streamrl.core.messages import (
     Command,
     GroupDone,
@@ -41,7 +41,7 @@ from streamrl.core.messages import (
     VersionReport,
 )
 from streamrl.core.types import WEIGHT_KEY, Item, Trajectory
-from streamrl.rollout.episodes import Episode, PromptTooLong
+from streamrl.rollout.episodes import Episode, PromptTooLong, Trajectories, episode_output
 from streamrl.rollout.reports import failed_report
 from streamrl.rollout.rewards.registry import CompositeReward
 from streamrl.rollout.rewards.scoring import add_group_rewards
@@ -53,13 +53,20 @@ Emit = Callable[[Report], None]
 HEARTBEAT_S = 1.0
 
 
-def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Sums of the per-episode metrics episodes leave in ``metadata["metrics"]``, and
-    ``episodes``, how many episodes reported (the pool turns the sums into means)."""
+def episode_metrics(
+    trajectories: list[Trajectory], outputs: Sequence[Trajectories] = ()
+) -> dict[str, float]:
+    """Sums of the per-episode metrics episodes leave in ``metadata["metrics"]`` (or, for
+    an episode of several seats, in its ``Trajectories.metrics``), and ``episodes``, how
+    many episodes reported (the pool turns the sums into means)."""
     total: Counter[str] = Counter()
     for t in trajectories:
         if "metrics" in t.metadata:
             total.update(t.metadata["metrics"])
+            total["episodes"] += 1
+    for o in outputs:
+        if o.metrics:
+            total.update(o.metrics)
             total["episodes"] += 1
     return dict(total)
 
@@ -96,8 +103,8 @@ class RolloutWorker:
                 now = time.monotonic()
                 if self.engine.version != reported or now - last_beat > HEARTBEAT_S:
                     reported, last_beat = self.engine.version, now
-                    stats = getattr(self.engine, "stats", None)
-                    self.emit(VersionReport(reported, dataclasses.asdict(stats) if stats else {}))
+                    counts = self.engine.stats if isinstance(self.engine, CountsStats) else None
+                    self.emit(VersionReport(reported, dataclasses.asdict(counts) if counts else {}))
                 while True:  # every queued command, so a wave of items starts together
                     try:
                         cmd = self.inbox.get_nowait()
@@ -210,14 +217,18 @@ async def _rollout(
             return failed_report(index, "episode_error", r)
     if any(r is None for r in results):
         return GroupRejected(index, "filtered", "episode_rejected")
-    trajectories: list[Trajectory] = list(results)
+    # an episode of several seats gives several trajectories (or none, when it failed)
+    outputs = [episode_output(r) for r in results]
+    samples = [t for o in outputs[:group_size] for t in o.trajectories]
+    rest = [t for o in outputs[group_size:] for t in o.trajectories]
+    trajectories: list[Trajectory] = samples + rest
     await add_group_rewards(reward, item, trajectories)
     # a mixture's domain and correct reward, for per-domain metrics; the sample's weight
     for t in trajectories:
         for key in ("domain", "correct_reward", WEIGHT_KEY):
             if key in item.metadata:
                 t.metadata.setdefault(key, item.metadata[key])
-    metrics = episode_metrics(trajectories)
+    metrics = episode_metrics(trajectories, outputs)
     for t in trajectories:
         errors = t.metadata.get("reward_errors") or {}
         if errors:
@@ -225,7 +236,9 @@ async def _rollout(
             return GroupRejected(
                 index, "failed", f"reward_error:{name}", text, episode_metrics=metrics
             )
-    samples, rest = trajectories[:group_size], trajectories[group_size:]
+    if not samples or len(rest) != len(algorithm.extra_rollouts):  # every episode failed
+        reason = next((o.error for o in outputs if o.error), "no_trajectories")
+        return GroupRejected(index, "failed", reason, "", episode_metrics=metrics)
     extras = {x.name: t for x, t in zip(algorithm.extra_rollouts, rest, strict=True)}
     rewards = tuple(float(t.reward) for t in samples)
     reward_sum, n = sum(rewards), len(samples)

@@ -81,7 +81,7 @@ def sample_completions(
     for i, item in enumerate(items):
         scored = []
         for j, res in enumerate(results[i * n : (i + 1) * n]):
-            if not isinstance(res, Trajectory) or res.metadata.get("reward_errors"):
+            if res is None or isinstance(res, BaseException) or res.metadata.get("reward_errors"):
                 failed += 1
                 continue
             completion = res.metadata["completion"]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from streamrl.algorithms import Algorithm, build_algorithm
-from streamrl.algorithms.stages.alol import positive_advantages
+from streamrl.algorithms.stages import FILE_CHECKS
 from streamrl.algorithms.stages.base import encode_logged
 from streamrl.config import Config, RunContext, source_of
 from streamrl.config.options import OptionsError, validate_options
@@ -29,6 +29,7 @@ from streamrl.models.loading import check_model_source, load_tokenizer
 from streamrl.models.policies import POLICY_PRESETS, PolicyOptions, names_a_policy
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
+from streamrl.rollout.episodes.base import MeasuresPrompts
 from streamrl.rollout.rewards import (
     CompositeReward,
     build_reward,
@@ -44,7 +45,6 @@ from streamrl.sources import (
     task_source_kinds,
     task_source_options,
 )
-from streamrl.sources.logged import load_completions, load_preferences
 from streamrl.sources.mixture import MixtureTaskSource
 
 ANSWER_SCAN = 1000  # training items looked at (answers, prompt lengths) before the run
@@ -362,7 +362,11 @@ def check_prompt_lengths(
     if cfg.endpoint.enabled or lm is None or lm.context is None:
         return  # (external agents' prompts; a policy; a model that states no context)
     context = lm.context
-    measure = getattr(episode, "prompt_ids", None) or functools.partial(encode_prompt, lm.tokenizer)
+    measure = (
+        episode.prompt_ids
+        if isinstance(episode, MeasuresPrompts)
+        else functools.partial(encode_prompt, lm.tokenizer)
+    )
     limit = cfg.data.max_too_long_fraction
     for split, drawn in (("training", first), ("held-out", heldout)):
         items = list({it.id: it for it in drawn}.values())  # (a small source repeats)
@@ -410,7 +414,12 @@ def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:
     """The DPO and A-LoL stages that are on have a readable, well-formed file (a bad row
     is a DataError naming file, line and field) whose rows fit the model's context, A-LoL
     has rows to train on, and DPO's pairs fit in micro-batches."""
-    for name, load in (("dpo", load_preferences), ("alol", load_completions)):
+
+    def encode(item: Item, text: str, **where: Any) -> None:
+        if lm is not None:  # (encoded as the stage encodes them)
+            encode_logged(lm.tokenizer, item, text, max_len=lm.context, **where)
+
+    for name, check_file in FILE_CHECKS.items():
         section = getattr(cfg, name)
         if section.steps == 0:
             continue
@@ -418,18 +427,7 @@ def check_offline_stages(cfg: Config, lm: LanguageModel | None) -> None:
             raise PreflightError(f"{name}.steps={section.steps} needs {name}.path (a JSONL file)")
         if not Path(section.path).is_file():
             raise PreflightError(f"{name}.path={section.path}: no such file")
-        path, rows = str(section.path), load(section.path)
-        texts = (
-            [(r, "completion", r.completion) for r in rows]
-            if name == "alol"
-            else [(r, f, getattr(r, f)) for r in rows for f in ("chosen", "rejected")]
-        )
-        if lm is not None:  # (encoded as the stage encodes them)
-            for row, field, text in texts:
-                where = {"source": path, "line": row.line, "field": field}
-                encode_logged(lm.tokenizer, row.item, text, max_len=lm.context, **where)
-        if name == "alol":
-            positive_advantages(rows, cfg.alol.baseline, path)
+        check_file(section, encode)
     if cfg.dpo.steps > 0 and cfg.train.micro_batch_sequences % 2:
         raise PreflightError(
             f"dpo.steps={cfg.dpo.steps} needs an even train.micro_batch_sequences (got "

@@ -37,7 +37,7 @@ class Progress:
         staleness = (
             f"staleness {m.get('staleness/mean', 0):.2f} (max {m.get('staleness/max', 0):.0f})"
         )
-        if stage in ("sft", "dpo", "alol"):  # the stages before RL
+        if stage != "rl":  # a stage before RL (SFT, DPO, A-LoL)
             info = f"loss {m.get('loss', float('nan')):.3f}"
             if "reward_accuracy" in m:  # DPO: pairs whose chosen completion wins
                 info += f"  pair acc {m['reward_accuracy']:.3f}"

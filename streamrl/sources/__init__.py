@@ -14,6 +14,9 @@ longtail       :class:`LongTailTaskSource`                  long_fraction, long_
 tool_arithmetic :class:`ToolArithmeticTaskSource`           tool_fraction, tool_format, ...
 mixture        :class:`MixtureTaskSource`                   sources: [{name, kind, ...}]
 minari         :class:`MinariTaskSource`                    dataset_id, batch_transitions, ...
+textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
+verifiers      :class:`VerifiersTaskSource`                 load, args, demonstration, ...
+openenv        :class:`OpenEnvTaskSource`                   load, action, action_field, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -34,8 +37,11 @@ from streamrl.sources.gym import GymTaskSource
 from streamrl.sources.longtail import LongTailTaskSource
 from streamrl.sources.minari import MinariTaskSource
 from streamrl.sources.mixture import MixtureTaskSource, item_correct_reward, item_domain
+from streamrl.sources.openenv import OpenEnvTaskSource
 from streamrl.sources.reasoning_gym import ReasoningGymTaskSource
+from streamrl.sources.textarena import TextArenaTaskSource
 from streamrl.sources.tool_arithmetic import ToolArithmeticTaskSource
+from streamrl.sources.verifiers import VerifiersTaskSource
 
 __all__ = [
     "DATA_OPTIONS",
@@ -48,10 +54,13 @@ __all__ = [
     "LongTailTaskSource",
     "MinariTaskSource",
     "MixtureTaskSource",
+    "OpenEnvTaskSource",
     "ParquetTaskSource",
     "ReasoningGymTaskSource",
     "TaskSource",
+    "TextArenaTaskSource",
     "ToolArithmeticTaskSource",
+    "VerifiersTaskSource",
     "build_task_source",
     "make_task_source",
     "task_source_options",
@@ -74,6 +83,9 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "minari": MinariTaskSource,
     "tool_arithmetic": ToolArithmeticTaskSource,
     "mixture": MixtureTaskSource,
+    "textarena": TextArenaTaskSource,
+    "verifiers": VerifiersTaskSource,
+    "openenv": OpenEnvTaskSource,
 }
 
 

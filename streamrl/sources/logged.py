@@ -94,9 +94,11 @@ def load_preferences(path: str | Path) -> list[PreferencePair]:
         rejected = _text(raw, "rejected", source, line)
         if chosen == rejected:
             raise DataError(
-                source, "identical to 'chosen': a pair carries no preference", line=line,
+                source,
+                "identical to 'chosen': a pair carries no preference",
+                line=line,
                 field="rejected",
-            )  # fmt: skip
+            )
         item.index = len(pairs)
         pairs.append(PreferencePair(item, chosen, rejected, line))
     return pairs

@@ -192,19 +192,8 @@ def make_minari(
             f"dataset {dataset_id!r} already exists at {path}; pass --overwrite to replace it"
         )
     env = make_env(env_id, env_options)
-    buffers: list[Any] = []
-    per_policy: dict[str, float] = {}
     try:
-        actors = [load_actor(spec.source, env) for spec in specs]  # every policy, first
-        for spec, policy, n in zip(specs, actors, split_episodes(episodes, specs), strict=True):
-            returns = []
-            for _ in range(n):
-                k = len(buffers)
-                buf = play_episode(env, policy, 100_000 * (seed + 1) + k, greedy, k, epsilon)
-                buffers.append(buf)
-                returns.append(sum(buf.rewards))
-            if returns:
-                per_policy[spec.source] = float(np.mean(returns))
+        buffers, per_policy = _play_all(env, specs, episodes, seed, greedy, epsilon)
     finally:
         env.close()
     described = ", ".join(f"{s.source} ({s.fraction:.0%})" for s in specs)
@@ -227,6 +216,26 @@ def make_minari(
         "return_mean_by_policy": per_policy,
     }
     return dataset_id, summary
+
+
+def _play_all(
+    env: Any, specs: list[PolicySpec], episodes: int, seed: int, greedy: bool, epsilon: float
+) -> tuple[list[Any], dict[str, float]]:
+    """Every policy loaded first, then its share of the ``episodes``, each with its own
+    seed; returns the episode buffers and each policy's mean return."""
+    buffers: list[Any] = []
+    per_policy: dict[str, float] = {}
+    actors = [load_actor(spec.source, env) for spec in specs]  # every policy, first
+    for spec, policy, n in zip(specs, actors, split_episodes(episodes, specs), strict=True):
+        returns = []
+        for _ in range(n):
+            k = len(buffers)
+            buf = play_episode(env, policy, 100_000 * (seed + 1) + k, greedy, k, epsilon)
+            buffers.append(buf)
+            returns.append(sum(buf.rewards))
+        if returns:
+            per_policy[spec.source] = float(np.mean(returns))
+    return buffers, per_policy
 
 
 def _check_dataset_id(dataset_id: str) -> None:

@@ -31,7 +31,7 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from streamrl.config.options import OptionsError
 from streamrl.core.types import Item
@@ -40,28 +40,36 @@ from streamrl.sources.base import DataError, TaskSource
 DOMAIN_KEY = "domain"  # item.metadata key: the mixture source an item came from
 CORRECT_REWARD_KEY = "correct_reward"  # item.metadata key: its domain's correctness reward
 
+
+class Tagged(Protocol):
+    """An item, or a sample of one (Trajectory, Segment, Transitions): its metadata
+    carries the item's domain and correctness reward."""
+
+    metadata: dict[str, Any]
+
+
 _SPEC_KEYS = ("name", "kind", "options", "weight", "correct_reward")
 _WHERE = "data.options.sources"
 
 
-def item_domain(item: Item | None) -> str | None:
+def item_domain(item: Tagged | None) -> str | None:
     """The item's domain (``metadata["domain"]``), or None for an item of no mixture.
 
     >>> item_domain(Item(id="q", prompt="?", metadata={"domain": "math"}))
     'math'
     """
-    metadata = getattr(item, "metadata", None) or {}
+    metadata = (item.metadata if item is not None else None) or {}
     return metadata.get(DOMAIN_KEY)
 
 
-def item_correct_reward(item: Item | None, default: str) -> str:
+def item_correct_reward(item: Tagged | None, default: str) -> str:
     """The reward that decides whether an answer to ``item`` is correct: its
     ``metadata["correct_reward"]`` when set, else ``default`` (``reward.correct_reward``).
 
     >>> item_correct_reward(Item(id="q", prompt="?"), "numeric_match")
     'numeric_match'
     """
-    metadata = getattr(item, "metadata", None) or {}
+    metadata = (item.metadata if item is not None else None) or {}
     return metadata.get(CORRECT_REWARD_KEY) or default
 
 

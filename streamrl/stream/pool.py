@@ -94,7 +94,7 @@ class RolloutPool(PoolBooks):
         self.max_restarts, self.worker_timeout_s = max_restarts, worker_timeout_s
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
         self.max_dropped_in_a_row = max_dropped_in_a_row  # equal-reward groups; 0: never
-        self.interval_s = getattr(backend, "poll_interval_s", interval_s)
+        self.interval_s = backend.poll_interval_s or interval_s
         self.log = logger or logging.getLogger("streamrl.pool")
         n = backend.num_workers
         self.versions: list[int | None] = [None] * n  # acknowledged engine version
@@ -276,10 +276,8 @@ class RolloutPool(PoolBooks):
                     continue
                 if msg.detail:  # a failure is an error; a filtered item only says why
                     level = logging.ERROR if msg.outcome == "failed" else logging.DEBUG
-                    self.log.log(
-                        level, "item %d %s (%s): %s", msg.item_index, msg.outcome, msg.reason,
-                        msg.detail,
-                    )  # fmt: skip
+                    what = (msg.item_index, msg.outcome, msg.reason, msg.detail)
+                    self.log.log(level, "item %d %s (%s): %s", *what)
                 self._items.pop(msg.item_index, None)
                 self.stream.reject(msg.item_index, msg.outcome, msg.reason)
             else:

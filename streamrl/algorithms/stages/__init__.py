@@ -8,7 +8,7 @@ asynchronous RL: the offline-to-online path in one config.
 
 from __future__ import annotations
 
-from streamrl.algorithms.stages.alol import build_alol_stage
+from streamrl.algorithms.stages.alol import build_alol_stage, check_alol_file
 from streamrl.algorithms.stages.base import (
     Stage,
     StageData,
@@ -17,7 +17,7 @@ from streamrl.algorithms.stages.base import (
     encode_logged,
     run_stage,
 )
-from streamrl.algorithms.stages.dpo import build_dpo_stage
+from streamrl.algorithms.stages.dpo import build_dpo_stage, check_dpo_file
 from streamrl.algorithms.stages.sft import build_sft_stage
 
 #: stage name (its config section) -> its builder, in the order the stages run
@@ -27,8 +27,11 @@ STAGES: dict[str, Stage] = {
     "alol": build_alol_stage,
 }
 PRE_RL_STAGES = tuple(STAGES)
+#: stage name -> the check of the logged file it trains on (preflight runs it)
+FILE_CHECKS = {"dpo": check_dpo_file, "alol": check_alol_file}
 
 __all__ = [
+    "FILE_CHECKS",
     "PRE_RL_STAGES",
     "STAGES",
     "Stage",

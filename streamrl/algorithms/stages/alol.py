@@ -22,6 +22,7 @@ from streamrl.algorithms.alol import reference_value
 from streamrl.algorithms.base import pad_id
 from streamrl.algorithms.losses import PolicyLossParams, RLLoss
 from streamrl.algorithms.stages.base import (
+    Encode,
     StageData,
     StageInputs,
     encode_logged,
@@ -146,3 +147,12 @@ def build_alol_stage(alol: ALoLConfig, inputs: StageInputs) -> StageData:
             "reward_mean": float(torch.tensor([r.reward for r in rows]).mean()),
         },
     )
+
+
+def check_alol_file(alol: ALoLConfig, encode: Encode) -> None:
+    """Every row reads and goes through ``encode``; some row has a positive advantage."""
+    rows = load_completions(alol.path)
+    for row in rows:
+        where = {"source": str(alol.path), "line": row.line, "field": "completion"}
+        encode(row.item, row.completion, **where)
+    positive_advantages(rows, alol.baseline, str(alol.path))

@@ -65,6 +65,11 @@ class StageInputs:
     episode: Callable[[], Any] | None = None
 
 
+#: ``encode(item, text, source=..., line=..., field=...)``: how preflight checks a logged
+#: file's texts against the model (a no-op without one)
+Encode = Callable[..., Any]
+
+
 class Stage(Protocol):
     """A pre-RL stage: its section (``cfg.<name>``) and the inputs -> its data."""
 

@@ -16,6 +16,7 @@ from typing import Any
 from streamrl.algorithms.base import pad_id
 from streamrl.algorithms.dpo import DPOLoss
 from streamrl.algorithms.stages.base import (
+    Encode,
     StageData,
     StageInputs,
     encode_logged,
@@ -82,3 +83,12 @@ def encode_pair(
     for traj in encoded:
         traj.item_index = k
     return encoded[0], encoded[1]
+
+
+def check_dpo_file(dpo: DPOConfig, encode: Encode) -> None:
+    """Every pair reads (a bad row is a DataError naming file, line and field), and its
+    chosen and rejected completions go through ``encode`` as the stage encodes them."""
+    for row in load_preferences(dpo.path):
+        for field in ("chosen", "rejected"):
+            where = {"source": str(dpo.path), "line": row.line, "field": field}
+            encode(row.item, getattr(row, field), **where)

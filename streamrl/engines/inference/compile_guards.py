@@ -11,9 +11,13 @@ from torch import nn
 
 # torch state a compiled step is only valid under (cheap guards, kept)
 _STATE_GUARDS = {
-    "GLOBAL_STATE", "GRAD_MODE", "DEFAULT_DEVICE", "DETERMINISTIC_ALGORITHMS",
-    "TORCH_FUNCTION_STATE", "AUTOGRAD_SAVED_TENSORS_HOOKS",
-}  # fmt: skip
+    "GLOBAL_STATE",
+    "GRAD_MODE",
+    "DEFAULT_DEVICE",
+    "DETERMINISTIC_ALGORITHMS",
+    "TORCH_FUNCTION_STATE",
+    "AUTOGRAD_SAVED_TENSORS_HOOKS",
+}
 
 
 def guards_kept(entries: list[Any]) -> list[bool]:

@@ -167,18 +167,40 @@ class LocalEngine(Drawing, StepEngine):
         if fuse_layers is None:
             fuse_layers = self.device.type == "cpu"
         fuse = self.fast_path and fuse_layers and supports_fused(model)
-        if compile_decode and self.device.type != "cpu":
+        self._check_compile(model, fuse)
+        self.runner: LlamaSlotRunner | HFCacheRunner = self._build_runner(model, weights, fuse)
+        self._vocab = model.get_input_embeddings().num_embeddings  # valid token ids
+        # hook called at every step boundary (tests, metrics); may call update_weights
+        self.on_step: Callable[[LocalEngine], None] | None = None
+        self._init_slots(decode_slots)
+        self._queue_lock = threading.Lock()  # _pending
+        self._init_steps()
+        self._undriven = threading.Event()  # clear while another thread drives (drive)
+        self._recent_steps: collections.deque[float] = collections.deque(maxlen=32)
+        self._undriven.set()
+
+    def _check_compile(self, model: torch.nn.Module, fuse: bool) -> None:
+        """``compile_decode`` only where it is built: CPU, fused layers, not invariant."""
+        if not self.compiled:
+            return
+        if self.device.type != "cpu":
             raise ValueError(
                 f"compile_decode is built and measured for the CPU engine, not {self.device}"
             )
-        if compile_decode and batch_invariant:
+        if self.batch_invariant:
             raise ValueError("compile_decode cannot be batch-invariant (rollout.batch_invariant)")
-        if compile_decode and not fuse:
+        if not fuse:
             raise ValueError(
                 f"compile_decode needs the engine's fused Llama-family decoder layers; "
                 f"{type(model).__name__} runs "
                 + ("its own layer modules" if self.fast_path else "the per-slot fallback")
             )
+
+    def _build_runner(
+        self, model: torch.nn.Module, weights: EngineWeights, fuse: bool
+    ) -> LlamaSlotRunner | HFCacheRunner:
+        """Pack the linear layers as ``weights`` asks, then the runner that steps the
+        model: the Llama-family slot runner, or the per-slot Hugging Face fallback."""
         # FBGEMM's fp16 packing runs on every core this process may use (weight updates
         # re-pack every layer: ~1.4 s for SmolLM2 on one core), one torch thread each: the
         # pool is the parallelism, and no OpenMP team outlives a load (engines/threads.py)
@@ -191,18 +213,20 @@ class LocalEngine(Drawing, StepEngine):
         skip = fused_away(model) if fuse else ()
         # the packing ("" for plain fp32 weights)
         self.packed = weights if pack_linears(model, weights, skip, self._packer) else ""
-        if self.fast_path:
-            self.runner: LlamaSlotRunner | HFCacheRunner = LlamaSlotRunner(
-                model, decode_slots, self.max_seq_len, fuse=fuse, packed=self.packed,
-                compile_decode=compile_decode, batch_invariant=batch_invariant,
-            )  # fmt: skip
-        else:
-            self.runner = HFCacheRunner(model, decode_slots, self.max_seq_len)
-        self._vocab = model.get_input_embeddings().num_embeddings  # valid token ids
-        # hook called at every step boundary (tests, metrics); may call update_weights
-        self.on_step: Callable[[LocalEngine], None] | None = None
+        if not self.fast_path:
+            return HFCacheRunner(model, self.decode_slots, self.max_seq_len)
+        return LlamaSlotRunner(
+            model,
+            self.decode_slots,
+            self.max_seq_len,
+            fuse=fuse,
+            packed=self.packed,
+            compile_decode=self.compiled,
+            batch_invariant=self.batch_invariant,
+        )
 
-        s = decode_slots
+    def _init_slots(self, s: int) -> None:
+        """The ``s`` decode slots, all free, and their per-slot sampling state."""
         self._slots: list[_Seq | None] = [None] * s
         self._free = list(range(s))  # min-heap: lowest free slot first keeps [0:n] dense
         self._used = [False] * s
@@ -222,12 +246,6 @@ class LocalEngine(Drawing, StepEngine):
         self._greedy_cpu = torch.zeros(s, dtype=torch.bool)
         # True where the sampling distribution is softmax(raw logits) or greedy
         self._raw = [True] * s
-
-        self._queue_lock = threading.Lock()  # _pending
-        self._init_steps()
-        self._undriven = threading.Event()  # clear while another thread drives (drive)
-        self._recent_steps: collections.deque[float] = collections.deque(maxlen=32)
-        self._undriven.set()
 
     # ------------------------------------------------------------------ public API
     @property
@@ -398,7 +416,7 @@ class LocalEngine(Drawing, StepEngine):
 
     def _plan_prefills(self, decoding: list[_Seq], admitted: list[_Seq]) -> list[Prefill]:
         """For each new prompt, the slot sharing its longest prefix (:func:`plan_prefills`)."""
-        if not getattr(self.runner, "shares_prefixes", False):
+        if not self.runner.shares_prefixes:
             return [Prefill(q.slot, q.prefill_ids, scored=q.scored) for q in admitted]
         known = [(q.slot, q.request.prompt_ids + q.token_ids[:-1]) for q in decoding]
         return plan_prefills(known, [(q.slot, q.prefill_ids, q.scored) for q in admitted])

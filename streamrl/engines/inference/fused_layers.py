@@ -126,8 +126,10 @@ class FusedDecoder:
         jobs = []
         for i, layer in enumerate(self.layers):
             a, m = layer.self_attn, layer.mlp
-            for fused, parts in ((self.qkv, [a.q_proj, a.k_proj, a.v_proj]),
-                                 (self.gate_up, [m.gate_proj, m.up_proj])):  # fmt: skip
+            for fused, parts in (
+                (self.qkv, [a.q_proj, a.k_proj, a.v_proj]),
+                (self.gate_up, [m.gate_proj, m.up_proj]),
+            ):
                 if any(touched(part) for part in parts):
                     jobs.append((fused, i, parts))
         # the concatenations are memory-bound: on threads they were no faster. A layer
@@ -183,9 +185,12 @@ class FusedDecoder:
                 qk = self._rope(qkv[:, : nh + nkv], cos, sin)
                 q, k = qk[:, :nh], qk[:, nh:]
             o = attend(
-                i, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                i,
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
                 self.scaling,
-            )  # fmt: skip
+            )
             h = h + a.o_proj(o.reshape(t, nh * d))
             gate, up = self.gate_up[i](_rms_norm(h, layer.post_attention_layernorm)).chunk(2, -1)
             h = h + m.down_proj(m.act_fn(gate) * up)

@@ -32,7 +32,7 @@ Two runners share one interface (``step``, ``weights_loaded``, ``release``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -200,41 +200,61 @@ class SlotKVCache:
     ) -> torch.Tensor:
         """q: (1, H, T, D); k, v: (1, H_kv, T, D) for the step's flat tokens -> (1, T, H, D)."""
         _, h, t, d = q.shape
-        kvh = k.shape[1]
-        kbuf, vbuf = self.keys[layer], self.values[layer]
         # batch-invariant steps pad the token axis: the padding rows' outputs are zeros
         out = q.new_zeros((t, h, d)) if self.invariant else q.new_empty((t, h, d))
         n = self.n
         if n:
-            # decode writes go first: a slot admitted this step may sit inside [0:n]
-            # as an idle row writing junk at position 0, which its prefill then overwrites.
-            # One index_copy_ per buffer into its (S*H_kv*C, D) view, at the rows
-            # self.flat_idx = (slot, head, pos) computed once per step for all layers.
-            kbuf.view(-1, d).index_copy_(
-                0, self.flat_idx, k[0, :, :n].transpose(0, 1).reshape(-1, d)
-            )
-            vbuf.view(-1, d).index_copy_(
-                0, self.flat_idx, v[0, :, :n].transpose(0, 1).reshape(-1, d)
-            )
-            kv_len = self.mask.shape[-1]
-            keys, vals = kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len]  # views, no copy
-            # grouped-query: fold the query heads of one kv head into the query axis
-            qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
-            if self.invariant:
-                o = invariant.attention(
-                    qd.flatten(0, 1),
-                    keys.flatten(0, 1),
-                    vals.flatten(0, 1),
-                    self.mask_bmm,
-                    d**-0.5 if scale is None else scale,
-                )
-            elif self.decode_bmm:
-                o = self._decode_bmm(qd, keys, vals, scale)
-            else:
-                o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=self.mask, scale=scale)
+            o = self._attend_decodes(layer, q, k, v, scale)
             if not self.prefills and t == n:  # pure decode step: no staging buffer needed
                 return o.reshape(1, n, h, d)
             out[:n] = o.reshape(n, h, d)
+        self._attend_prefills(layer, q, k, v, scale, out)
+        return out[None]
+
+    def _attend_decodes(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        """The decode rows ``[0:n]``: write their keys and values at their slots' next
+        positions, then attend over every slot's cache -> (n, H_kv, H / H_kv, D)."""
+        _, h, _, d = q.shape
+        kvh, n = k.shape[1], self.n
+        kbuf, vbuf = self.keys[layer], self.values[layer]
+        # decode writes go first: a slot admitted this step may sit inside [0:n]
+        # as an idle row writing junk at position 0, which its prefill then overwrites.
+        # One index_copy_ per buffer into its (S*H_kv*C, D) view, at the rows
+        # self.flat_idx = (slot, head, pos) computed once per step for all layers.
+        kbuf.view(-1, d).index_copy_(0, self.flat_idx, k[0, :, :n].transpose(0, 1).reshape(-1, d))
+        vbuf.view(-1, d).index_copy_(0, self.flat_idx, v[0, :, :n].transpose(0, 1).reshape(-1, d))
+        kv_len = self.mask.shape[-1]
+        keys, vals = kbuf[:n, :, :kv_len], vbuf[:n, :, :kv_len]  # views, no copy
+        # grouped-query: fold the query heads of one kv head into the query axis
+        qd = q[0, :, :n].transpose(0, 1).reshape(n, kvh, h // kvh, d)  # (n, H_kv, rep, D)
+        if self.invariant:
+            return invariant.attention(
+                qd.flatten(0, 1),
+                keys.flatten(0, 1),
+                vals.flatten(0, 1),
+                self.mask_bmm,
+                d**-0.5 if scale is None else scale,
+            )
+        if self.decode_bmm:
+            return self._decode_bmm(qd, keys, vals, scale)
+        return F.scaled_dot_product_attention(qd, keys, vals, attn_mask=self.mask, scale=scale)
+
+    def _attend_prefills(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+        out: torch.Tensor,
+    ) -> None:
+        """Each prefill: copy the shared prefix's KV from its source slot, write the new
+        tokens' KV, and attend causally into ``out``'s rows of its tokens."""
+        _, h, _, d = q.shape
+        kvh = k.shape[1]
+        kbuf, vbuf = self.keys[layer], self.values[layer]
         for (slot, off, p, src, shared), mask in zip(self.prefills, self.prefix_masks, strict=True):
             t_new = p - shared  # tokens computed this step: prompt[shared:p]
             ks, vs = k[:, :, off : off + t_new], v[:, :, off : off + t_new]  # (1, H_kv, t_new, D)
@@ -264,7 +284,6 @@ class SlotKVCache:
                     qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
                 )
             out[off : off + t_new] = o[0].transpose(0, 1)  # (t_new, H, D)
-        return out[None]
 
 
 def supports_fast_path(model: torch.nn.Module, max_seq_len: int) -> bool:
@@ -281,6 +300,16 @@ def supports_fast_path(model: torch.nn.Module, max_seq_len: int) -> bool:
     layer_types = getattr(cfg, "layer_types", None) or []
     uses_window = cfg.model_type == "mistral" or "sliding_attention" in layer_types
     return not (uses_window and window is not None and window < max_seq_len)
+
+
+def _take_attention(model: torch.nn.Module) -> None:
+    """Switch ``model`` to the runner's attention; each layer remembers the one it had,
+    so the model's other forwards (outside the runner's steps) keep it."""
+    before = getattr(model.config, "_attn_implementation", None)
+    for layer in model.model.layers:  # other forwards of this model keep their attention
+        if before != ATTN_IMPL:
+            setattr(layer.self_attn, OUTSIDE_STEPS, before)
+    set_attn_impl(model, ATTN_IMPL)
 
 
 class LlamaSlotRunner:
@@ -315,11 +344,7 @@ class LlamaSlotRunner:
             raise ValueError(
                 "compile_decode cannot be batch-invariant: its graphs reduce in their own order"
             )
-        before = getattr(model.config, "_attn_implementation", None)
-        for layer in model.model.layers:  # other forwards of this model keep their attention
-            if before != ATTN_IMPL:
-                setattr(layer.self_attn, OUTSIDE_STEPS, before)
-        set_attn_impl(model, ATTN_IMPL)
+        _take_attention(model)
         inner, cfg = model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.layers = list(inner.layers[: cfg.num_hidden_layers])
@@ -357,26 +382,28 @@ class LlamaSlotRunner:
         # costs ~30 us a step, which a small model's CPU step notices
         cuda = self.device.type == "cuda"
         self._sdpa = (lambda: sdpa_kernel(ENGINE_SDPA_BACKENDS)) if cuda else nullcontext
-        self.compiled = None
-        if compile_decode:
-            if self.fused is None:
-                raise ValueError("compile_decode needs the fused decoder layers (fuse=True)")
-            # A step that only decodes runs every slot (idle ones too) over the whole cache
-            # capacity through a compiled graph, so its shapes are static: one graph per
-            # capacity, which doubles, so a handful per engine. The graph takes the step
-            # from the plan to the drawn tokens (decode_all). The guards kept are the
-            # input tensors' (which capacity) and torch's global state; the others are
-            # invariants of this runner: the same modules (weights are updated in place),
-            # the same step plan (decode rows 0..S-1, no prefill). Python-side guards on
-            # all of that took 0.2-0.3 ms a step. The graphs are this runner's own (its
-            # own code object), so another engine in the process never runs them.
-            # cpp_wrapper: the kernels are called from C++, not from a Python wrapper.
-            self.compiled = torch.compile(
-                own_code(self._decode_all),
-                dynamic=False,
-                fullgraph=True,
-                options={"cpp_wrapper": True, "guard_filter_fn": guards_kept},
-            )
+        self.compiled = self._compile_decode() if compile_decode else None
+
+    def _compile_decode(self) -> Callable[..., Any]:
+        """The compiled pure-decode step (``compile_decode``), from the plan to the tokens."""
+        if self.fused is None:
+            raise ValueError("compile_decode needs the fused decoder layers (fuse=True)")
+        # A step that only decodes runs every slot (idle ones too) over the whole cache
+        # capacity through a compiled graph, so its shapes are static: one graph per
+        # capacity, which doubles, so a handful per engine. The graph takes the step
+        # from the plan to the drawn tokens (decode_all). The guards kept are the
+        # input tensors' (which capacity) and torch's global state; the others are
+        # invariants of this runner: the same modules (weights are updated in place),
+        # the same step plan (decode rows 0..S-1, no prefill). Python-side guards on
+        # all of that took 0.2-0.3 ms a step. The graphs are this runner's own (its
+        # own code object), so another engine in the process never runs them.
+        # cpp_wrapper: the kernels are called from C++, not from a Python wrapper.
+        return torch.compile(
+            own_code(self._decode_all),
+            dynamic=False,
+            fullgraph=True,
+            options={"cpp_wrapper": True, "guard_filter_fn": guards_kept},
+        )
 
     def _ensure_capacity(self, length: int) -> None:
         old = self.cache.capacity
@@ -463,9 +490,12 @@ class LlamaSlotRunner:
             return self.fused.forward(h[0], cos, sin, self.cache.attend)
         for layer in self.layers:  # the model's own layer modules
             h = layer(
-                h, attention_mask=None, position_ids=pos, position_embeddings=pe,
+                h,
+                attention_mask=None,
+                position_ids=pos,
+                position_embeddings=pe,
                 slot_cache=self.cache,
-            )  # fmt: skip
+            )
             if isinstance(h, tuple):  # older transformers return (hidden, ...)
                 h = h[0]
         return h[0]

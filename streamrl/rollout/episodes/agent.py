@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -80,14 +81,46 @@ class ReplayEngine:
         return GenerationResult(request.prompt_ids, ids, [0.0] * len(ids), [-1] * len(ids), "stop")
 
 
+def turn_text(tokenizer: Any, res: GenerationResult, params: SamplingParams) -> tuple[str, str]:
+    """(the turn as generated, stop included; the assistant message's content: the text
+    without the stop token or stop string)."""
+    ids = list(res.token_ids)
+    full = tokenizer.decode(ids, skip_special_tokens=False)
+    if ids and ids[-1] in params.stop_token_ids:
+        ids = ids[:-1]
+    content = tokenizer.decode(ids, skip_special_tokens=False)
+    for stop in params.stop:
+        if res.finish_reason == "stop" and content.endswith(stop):
+            content = content[: -len(stop)]
+            break
+    return full, content
+
+
+def observation_text(
+    render: Callable[..., str], messages: list[dict], added: int, rendered: str, as_generated: str
+) -> tuple[str, str, bool]:
+    """The text between a model turn and the next one (see the module docstring).
+
+    ``messages`` ends with the ``added`` new (tool or environment) messages; ``rendered``
+    is G and ``as_generated`` O. Returns (F, the observation text, whether the template
+    agreed); when it rewrote history, the observation is the part of F after the
+    conversation closed before the new messages."""
+    following = render(messages, generation_prompt=True)  # F
+    if following.startswith(rendered + as_generated):
+        return following, following[len(rendered + as_generated) :], True
+    closed = render(messages[:-added], generation_prompt=False)
+    return following, (following[len(closed) :] if following.startswith(closed) else ""), False
+
+
 def turn_seed(seed: int, turn: int) -> int:
     """A distinct sampling seed per turn (the engine's noise is keyed by seed and position)."""
     return (seed * 1_000_033 + turn * 7_919) % (2**62)
 
 
 @dataclass
-class _Tokens:
-    """The trajectory being built: parallel per-token lists."""
+class TokenLog:
+    """The trajectory being built: parallel per-token lists (observation tokens masked,
+    generated tokens with their log-probs and versions)."""
 
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
@@ -166,16 +199,7 @@ class AgentEpisode:
 
     def turn_text(self, res: GenerationResult, params: SamplingParams) -> tuple[str, str]:
         """(the turn as generated, stop included; the assistant message's content)."""
-        ids = list(res.token_ids)
-        full = self.tokenizer.decode(ids, skip_special_tokens=False)
-        if ids and ids[-1] in params.stop_token_ids:
-            ids = ids[:-1]
-        content = self.tokenizer.decode(ids, skip_special_tokens=False)
-        for stop in params.stop:
-            if res.finish_reason == "stop" and content.endswith(stop):
-                content = content[: -len(stop)]
-                break
-        return full, content
+        return turn_text(self.tokenizer, res, params)
 
     async def __call__(
         self,
@@ -188,7 +212,7 @@ class AgentEpisode:
         params = item_params(self.sampling, item, greedy)
         messages = self.first_messages(item)
         rendered = self.render(messages, generation_prompt=True)  # G of the first turn
-        tokens = _Tokens()
+        tokens = TokenLog()
         tokens.observe(self.encode(rendered))  # (= prompt_ids(item))
         m: dict[str, float] = {"agent/turns": 0.0, "agent/tool_calls": 0.0}
         answer, budget, mismatch, finish = "", self.max_total_tokens, 0, "length"
@@ -197,16 +221,8 @@ class AgentEpisode:
             if budget_now <= 0:
                 m["agent/truncated"] = 1.0
                 break
-            request = GenerationRequest(
-                list(tokens.ids),
-                replace(params, max_new_tokens=budget_now),
-                turn_seed(seed, turn),
-            )
-            res = await engine.agenerate(request)
-            if turn == 0:  # (a later turn that fills the context ends the episode)
-                check_room(item, request.prompt_ids, res)
+            res = await self._generate(engine, item, tokens, params, budget_now, seed, turn)
             finish = res.finish_reason
-            tokens.generated(res)
             budget -= len(res.token_ids)
             m["agent/turns"] += 1
             as_generated, content = self.turn_text(res, params)
@@ -220,26 +236,16 @@ class AgentEpisode:
             if turn == self.max_turns - 1:  # no turn left to read the results
                 m["agent/truncated"] = 1.0
                 break
-            results = [await self.tools.execute(c) for c in calls]
-            m["agent/tool_calls"] += len(results)
-            for r in results:
-                m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
-                if r.error:
-                    m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
-                for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
-                    m[key] = m.get(key, 0.0) + value
+            results = await self._run_tools(calls, m)
             final = [r for r in results if r.final]
             if final:
                 answer = final[0].content
                 break
             messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-            following = self.render(messages, generation_prompt=True)  # F
-            if following.startswith(rendered + as_generated):
-                observation = following[len(rendered + as_generated) :]
-            else:  # the template rewrote history: keep our tokens, count the disagreement
-                closed = self.render(messages[: -len(results)], generation_prompt=False)
-                observation = following[len(closed) :] if following.startswith(closed) else ""
-                mismatch += 1
+            following, observation, agreed = observation_text(
+                self.render, messages, len(results), rendered, as_generated
+            )
+            mismatch += not agreed
             obs_ids = self.encode(observation)
             if len(obs_ids) > budget:
                 m["agent/truncated"] = 1.0
@@ -251,6 +257,54 @@ class AgentEpisode:
         m["agent/template_mismatch_tokens"] = float(
             self.template_mismatch(messages, tokens.ids) if mismatch == 0 else mismatch
         )
+        return await self._trajectory(item, tokens, messages, answer, finish, m)
+
+    async def _generate(
+        self,
+        engine: InferenceEngine,
+        item: Item,
+        tokens: TokenLog,
+        params: SamplingParams,
+        budget: int,
+        seed: int,
+        turn: int,
+    ) -> GenerationResult:
+        """One assistant turn from the tokens so far, at most ``budget`` tokens; its
+        tokens, log-probs and versions join ``tokens``."""
+        request = GenerationRequest(
+            list(tokens.ids),
+            replace(params, max_new_tokens=budget),
+            turn_seed(seed, turn),
+        )
+        res = await engine.agenerate(request)
+        if turn == 0:  # (a later turn that fills the context ends the episode)
+            check_room(item, request.prompt_ids, res)
+        tokens.generated(res)
+        return res
+
+    async def _run_tools(self, calls: list[Any], m: dict[str, float]) -> list[Any]:
+        """Execute one turn's tool calls in order, counting calls, latency, errors and the
+        tools' own metrics (``sandbox/*``) into ``m``."""
+        results = [await self.tools.execute(c) for c in calls]
+        m["agent/tool_calls"] += len(results)
+        for r in results:
+            m["tools/latency_s"] = m.get("tools/latency_s", 0.0) + r.latency_s
+            if r.error:
+                m[f"tools/errors/{r.error}"] = m.get(f"tools/errors/{r.error}", 0.0) + 1
+            for key, value in r.metadata.get("metrics", {}).items():  # sandbox/*
+                m[key] = m.get(key, 0.0) + value
+        return results
+
+    async def _trajectory(
+        self,
+        item: Item,
+        tokens: TokenLog,
+        messages: list[dict],
+        answer: str,
+        finish: str,
+        m: dict[str, float],
+    ) -> Trajectory:
+        """Score ``answer`` and assemble the episode's trajectory and metadata."""
         scored = await self.reward.ascore(answer, item)
         metadata = {
             "completion": answer,

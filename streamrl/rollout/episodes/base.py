@@ -13,7 +13,8 @@ Register a new kind with ``@register_episode("name")`` on a factory
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
@@ -24,9 +25,8 @@ if TYPE_CHECKING:
 
 
 class Episode(Protocol):
-    """A language-model episode may also have ``prompt_ids(item) -> list[int]``, the
-    tokens of its first request: preflight measures prompts with it (else with
-    :func:`~streamrl.models.encode_prompt`) against the model's context."""
+    """One rollout of an item. A language-model episode may also declare the optional
+    capabilities below (:class:`MeasuresPrompts`, :class:`SamplesWith`)."""
 
     async def __call__(
         self,
@@ -38,6 +38,46 @@ class Episode(Protocol):
     ) -> Trajectory | None:
         """One episode of ``item``, its sampling fixed by ``seed``."""
         ...
+
+
+@dataclass
+class Trajectories:
+    """What an episode with several seats returns instead of one trajectory (a game the
+    policy plays against itself): one trajectory per seat the policy played, each with its
+    own token versions, and the episode's ``metrics``, counted once for the episode rather
+    than per seat. The item stays one group: the worker reports all of them in it.
+
+    An episode that ended without a usable trajectory (its environment failed) returns
+    none, with ``error``, the counted reason (``env_error:<kind>``); its metrics still
+    count, and the group goes on with the episodes that did not fail."""
+
+    trajectories: list[Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def __repr__(self) -> str:  # (asyncio formats finished tasks' results: keep it short)
+        return f"Trajectories({len(self.trajectories)} trajectories, error={self.error!r})"
+
+
+def episode_output(result: Any) -> Trajectories:
+    """An episode's result as :class:`Trajectories` (one sample: a list of one)."""
+    return result if isinstance(result, Trajectories) else Trajectories([result])
+
+
+@runtime_checkable
+class MeasuresPrompts(Protocol):
+    """``prompt_ids(item)``: the tokens of the episode's first request; preflight measures
+    prompts with it (else with :func:`~streamrl.models.encode_prompt`) against the
+    model's context."""
+
+    def prompt_ids(self, item: Item) -> list[int]: ...
+
+
+@runtime_checkable
+class SamplesWith(Protocol):
+    """The sampling parameters the episode generates with (``streamrl eval`` records them)."""
+
+    sampling: SamplingParams
 
 
 class PromptTooLong(ValueError):

@@ -165,12 +165,21 @@ class GymEpisode:
             env.close()
         empty = torch.zeros(0)
         return Segment(
-            obs=empty, actions=empty, logprobs=empty, values=empty, rewards=torch.tensor([total]),
-            terminated=empty.bool(), truncated=empty.bool(), final_values=empty,
-            last_obs=empty, last_values=empty, versions=torch.tensor([engine.version]),
-            episode_returns=[total], episode_lengths=[steps],
+            obs=empty,
+            actions=empty,
+            logprobs=empty,
+            values=empty,
+            rewards=torch.tensor([total]),
+            terminated=empty.bool(),
+            truncated=empty.bool(),
+            final_values=empty,
+            last_obs=empty,
+            last_values=empty,
+            versions=torch.tensor([engine.version]),
+            episode_returns=[total],
+            episode_lengths=[steps],
             metadata={"reward_components": {"return": total}},
-        )  # fmt: skip
+        )
 
 
 @register_episode("gym")

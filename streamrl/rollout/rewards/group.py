@@ -156,6 +156,15 @@ def overlong_penalty(
     ]
 
 
+# the per-answer checks length_aware can take for correctness
+CORRECTNESS: dict[str, Callable[[str, Item], float]] = {
+    "numeric_match": functions.numeric_match,
+    "exact_match": functions.exact_match,
+    "math_verify": functions.math_verify,
+    "reasoning_gym": functions.reasoning_gym,
+}
+
+
 def length_aware(
     completions: Sequence[str],
     item: Item,
@@ -163,7 +172,8 @@ def length_aware(
     min_correct_fraction: float = 0.5,
 ) -> list[float]:
     """A length bonus for the group (GRPO-λ): when at least ``min_correct_fraction`` of
-    the answers are correct (per the per-answer reward ``correct``, value >= 1), each
+    the answers are correct (per the rule-based check ``correct``, one of
+    :data:`CORRECTNESS`, value >= 1), each
     answer gets ``λ = 0.5 - (L - L_min) / (L_max - L_min)`` over the group's lengths
     (Kimi k1.5's length reward), correct ones ``λ``, wrong ones ``min(0, λ)``; otherwise
     every answer gets 0 (the group still needs accuracy, not brevity). Add it to the
@@ -175,9 +185,9 @@ def length_aware(
     >>> length_aware(Completions(["4", "5", "5"], lengths=[1, 2, 3]), item)
     [0.0, 0.0, 0.0]
     """
-    from streamrl.rollout.rewards.registry import get_reward
-
-    judge = get_reward(correct)
+    if correct not in CORRECTNESS:
+        raise ValueError(f"length_aware: correct={correct!r}; known: {', '.join(CORRECTNESS)}")
+    judge = CORRECTNESS[correct]
     right = [judge(c, item) >= 1.0 for c in completions]
     if not right or sum(right) < min_correct_fraction * len(right):
         return [0.0] * len(right)

@@ -33,6 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from streamrl.core.engine import context_of
 from streamrl.core.types import GenerationRequest, Item, SamplingParams
 from streamrl.rollout.rewards.reward_model import check_template, fill_template
 
@@ -87,7 +88,7 @@ class Judge:
         else:
             item = Item(id="judge", prompt=prompt)
         ids = encode_prompt(tok, item)
-        limit = getattr(self.engine, "max_seq_len", None)
+        limit = context_of(self.engine)
         if limit is not None and len(ids) >= limit:
             raise ValueError(
                 f"llm_judge: the judge's prompt is {len(ids)} tokens; its context holds {limit}"

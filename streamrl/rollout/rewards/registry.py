@@ -72,11 +72,10 @@ def _extracts(options: dict[str, Any], load: bool) -> None:
 
 
 def _known_correct(options: dict[str, Any], load: bool) -> None:
-    """length_aware's ``correct`` is a per-answer reward."""
+    """length_aware's ``correct`` is one of its rule-based checks."""
     name = options.get("correct", "numeric_match")
-    if name not in _REWARDS or is_group_reward(_REWARDS[name]):
-        per_answer = [n for n in reward_names() if not is_group_reward(_REWARDS[n])]
-        raise ValueError(f"correct={name!r} is not a per-answer reward; known: {per_answer}")
+    if name not in group.CORRECTNESS:
+        raise ValueError(f"correct={name!r} is not one of {sorted(group.CORRECTNESS)}")
 
 
 def _compiles(options: dict[str, Any], load: bool) -> None:

@@ -44,25 +44,7 @@ async def execute(
     the wall clock. ``pass_fds`` are the child's ends: closed here once it has them."""
     loop = asyncio.get_running_loop()
     start = time.monotonic()
-    try:
-        transport, proto = await loop.subprocess_exec(
-            lambda: _Collector(max_output_bytes, loop),
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            pass_fds=pass_fds,
-            start_new_session=True,  # one process group to kill
-        )
-    except BaseException:
-        if setup is not None:
-            setup.close()
-        raise
-    finally:
-        for fd in pass_fds:  # we must not hold the child's ends (EOF, no leaks)
-            os.close(fd)
+    transport, proto = await _spawn(loop, argv, env, cwd, pass_fds, max_output_bytes, setup)
     set_up = setup is None
 
     async def drive() -> None:
@@ -97,6 +79,38 @@ async def execute(
         time.monotonic() - start,
         set_up,
     )
+
+
+async def _spawn(
+    loop: asyncio.AbstractEventLoop,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    pass_fds: list[int],
+    max_output_bytes: int,
+    setup: Coroutine[Any, Any, None] | None,
+) -> tuple[asyncio.SubprocessTransport, _Collector]:
+    """Start ``argv`` in its own process group with piped stdio; the child's ends of
+    ``pass_fds`` are closed here either way, and ``setup`` is closed if it cannot start."""
+    try:
+        return await loop.subprocess_exec(
+            lambda: _Collector(max_output_bytes, loop),
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            pass_fds=pass_fds,
+            start_new_session=True,  # one process group to kill
+        )
+    except BaseException:
+        if setup is not None:
+            setup.close()
+        raise
+    finally:
+        for fd in pass_fds:  # we must not hold the child's ends (EOF, no leaks)
+            os.close(fd)
 
 
 class _Collector(asyncio.SubprocessProtocol):

@@ -289,12 +289,19 @@ class Sandbox:
                 setup.close()  # a no-op once it ran
             for fd in parent_fds + child_fds:
                 os.close(fd)
+        return raw, self._strong_exit_code(raw, status, group)
+
+    def _strong_exit_code(
+        self, raw: Raw, status: bytes, group: cgroups.RunCgroup | None
+    ) -> int | None:
+        """The code's exit code from bwrap's JSON status (None when it was stopped for
+        time or output; negative for a signal), or the error that kept it from starting."""
         if raw.timed_out and not (raw.set_up and _records(status, "child-pid")):
             raise SandboxError(
                 f"bubblewrap did not start within {self.timeout_s:g}s" + _stderr_tail(raw)
             )
         if raw.timed_out or raw.killed:
-            return raw, None
+            return None
         codes = _records(status, "exit-code")
         if not codes:  # the code never started: the cgroup, or bwrap, failed first
             _check_joined(raw, group)
@@ -306,7 +313,7 @@ class Sandbox:
         exit_code = codes[0]
         if exit_code > 128 and exit_code - 128 < signal.NSIG:  # bwrap's 128 + signal
             exit_code = 128 - exit_code
-        return raw, exit_code
+        return exit_code
 
     @property
     def _workdir_bytes(self) -> int:

@@ -18,12 +18,15 @@ say what to pass, briefly.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrl.rollout.tools.base import Tool, ToolFailure, ToolOutput
 from streamrl.rollout.tools.calculator import calculate
 from streamrl.rollout.tools.registry import register_tool
 from streamrl.rollout.tools.search import search_tool
+
+if TYPE_CHECKING:
+    from streamrl.rollout.sandbox import SandboxResult
 
 log = logging.getLogger(__name__)
 
@@ -106,48 +109,48 @@ _LOGGED: set[str] = set()  # sandbox errors already logged (each is also counted
 _LIMIT_NAMES = {"memory": "the memory limit", "cpu_time": "the CPU time limit"}
 
 
-def sandbox_metadata(result: Any) -> dict[str, Any]:
+def sandbox_metadata(result: SandboxResult) -> dict[str, Any]:
     """How a ``SandboxResult``'s code was isolated, for ``ToolResult.metadata``: the
     level (``strong: bwrap+seccomp+cgroup-v1``), the details, and counters for the
     episode's metrics (``sandbox/calls``, ``sandbox/weak_calls``,
     ``sandbox/no_cgroup_calls``).
 
-    >>> from types import SimpleNamespace as R
-    >>> m = sandbox_metadata(R(isolation="weak", mechanism="rlimits", seccomp=False,
-    ...                        cgroup=None, level="weak: rlimits+no-cgroup"))
+    >>> from streamrl.rollout.sandbox import SandboxResult as R
+    >>> m = sandbox_metadata(R(status="ok", exit_code=0, stdout="", stderr="", truncated=False,
+    ...                        isolation="weak", wall_s=0.1, mechanism="rlimits"))
     >>> m["isolation"], m["metrics"]
     ('weak: rlimits+no-cgroup', {'sandbox/calls': 1.0, 'sandbox/weak_calls': 1.0, \
 'sandbox/no_cgroup_calls': 1.0})
     """
     keys = ("isolation", "mechanism", "seccomp", "cgroup", "enforced", "notes", "usage", "limit")
-    details = {k: getattr(result, k) for k in keys if hasattr(result, k)}
+    details = {k: getattr(result, k) for k in keys}  # (its declared fields, by name)
     return {
-        "isolation": getattr(result, "level", getattr(result, "isolation", "unknown")),
+        "isolation": result.level,
         "sandbox": details,
         "metrics": {
             "sandbox/calls": 1.0,
-            "sandbox/weak_calls": float(getattr(result, "isolation", "") != "strong"),
-            "sandbox/no_cgroup_calls": float(getattr(result, "cgroup", None) is None),
+            "sandbox/weak_calls": float(result.isolation != "strong"),
+            "sandbox/no_cgroup_calls": float(result.cgroup is None),
         },
     }
 
 
-def sandbox_observation(result: Any, timeout_s: float, max_chars: int = 2000) -> str:
+def sandbox_observation(result: SandboxResult, timeout_s: float, max_chars: int = 2000) -> str:
     """A ``SandboxResult`` as the model's observation; raises ToolFailure when not ok.
 
-    >>> from types import SimpleNamespace as R
+    >>> from streamrl.rollout.sandbox import SandboxResult as R
     >>> sandbox_observation(R(status="ok", stdout="4\\n", stderr="", exit_code=0,
-    ...                       truncated=False), 5.0)
+    ...                       truncated=False, isolation="strong", wall_s=0.1), 5.0)
     '4\\n'
     >>> sandbox_observation(R(status="error", stdout="", stderr="NameError: x\\n",
-    ...                       exit_code=1, truncated=False), 5.0)
+    ...                       exit_code=1, truncated=False, isolation="strong", wall_s=0.1), 5.0)
     Traceback (most recent call last):
     ...
     streamrl.rollout.tools.base.ToolFailure: the program failed (exit code 1):
     NameError: x
     """
     stdout, stderr = result.stdout or "", result.stderr or ""
-    note = " (output truncated)" if getattr(result, "truncated", False) else ""
+    note = " (output truncated)" if result.truncated else ""
     if result.status == "ok":
         return _tail(stdout, max_chars) + note if stdout else f"(no output){note}"
     output = _tail(stdout + stderr, max_chars).rstrip()
@@ -155,9 +158,9 @@ def sandbox_observation(result: Any, timeout_s: float, max_chars: int = 2000) ->
     if result.status == "timeout":
         raise ToolFailure("timeout", f"the program ran past {timeout_s:g}s{note}{shown}")
     if result.status == "killed":
-        limit = _LIMIT_NAMES.get(getattr(result, "limit", None) or "", "a resource limit")
+        limit = _LIMIT_NAMES.get(result.limit or "", "a resource limit")
         raise ToolFailure("tool_error", f"the program was killed ({limit}){note}{shown}")
-    code = getattr(result, "exit_code", None)
+    code = result.exit_code
     raise ToolFailure("tool_error", f"the program failed (exit code {code}){note}{shown}")
 
 

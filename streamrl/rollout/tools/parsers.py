@@ -195,7 +195,7 @@ def pythonic(text: str) -> tuple[str, list[ToolCall | ParseError]]:
     Every bracketed list that starts like a call is one or more calls. Values are Python
     literals (strings, numbers, booleans, None, lists, dicts) read by ``ast.literal_eval``.
 
-    >>> [(getattr(c, "kind", None), c.raw) for c in pythonic(
+    >>> [(c.kind if isinstance(c, ParseError) else None, c.raw) for c in pythonic(
     ...     '[f(1), g(x=y), h(x=1)] [k(x="unclosed)]')[1]]  # doctest: +NORMALIZE_WHITESPACE
     [('positional_argument', 'f(1)'), ('not_a_literal', 'g(x=y)'), (None, 'h(x=1)'),
      ('invalid_syntax', '[k(x="unclosed)]')]

@@ -40,6 +40,8 @@ class Backend(Protocol):
     num_workers: int
     #: the pool may replace a dead worker (False: a dead worker is a bug, fail the run)
     restartable: bool
+    #: how often the pool polls this backend for reports (None: the pool's own interval)
+    poll_interval_s: float | None = None
 
     def start(self) -> None:
         """Start every worker (returns before they are ready; they report a version)."""

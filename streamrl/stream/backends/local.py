@@ -14,6 +14,7 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -101,12 +102,21 @@ class LocalBackend(Backend):
             e.close()
 
 
+@runtime_checkable
+class Drivable(Protocol):
+    """An engine whose steps the calling thread can run (:class:`LocalEngine`)."""
+
+    def drive(self, threads: int, until: Callable[[], bool]) -> int: ...
+
+    def worth_driving(self) -> bool: ...
+
+
 def drive_engine(engine: object, threads: int, until: Callable[[], bool]) -> bool:
     """Runs ``engine``'s steps on the calling thread (:meth:`LocalEngine.drive`) where
-    that applies: an engine that can be driven and whose steps cost enough
+    that applies: a :class:`Drivable` engine whose steps cost enough
     (:meth:`LocalEngine.worth_driving`). False, having run nothing, otherwise (None, a
     Gymnasium policy's engine, vLLM's)."""
-    if not (hasattr(engine, "drive") and engine.worth_driving()):
+    if not (isinstance(engine, Drivable) and engine.worth_driving()):
         return False
     engine.drive(threads, until)
     return True

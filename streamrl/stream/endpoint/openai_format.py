@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from streamrl.core.types import GenerationResult
+from streamrl.rollout.tools.base import ToolCall
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -212,7 +213,7 @@ def choice(
             "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
         }
         for c in calls
-        if hasattr(c, "arguments")  # a malformed call stays in the content as text
+        if isinstance(c, ToolCall)  # a malformed call stays in the content as text
     ]
     if tool_calls:
         finish: Literal["stop", "length", "tool_calls"] = "tool_calls"

@@ -25,6 +25,7 @@ from streamrl.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from streamrl.run.preflight import PreflightError, check_selection
 from streamrl.run.session import run_training
 from streamrl.stream.backends import RolloutPool
+from streamrl.stream.backends.base import Backend
 from streamrl.stream.sample_stream import SampleStream
 
 # ------------------------------------------------------------------ the posterior
@@ -119,7 +120,7 @@ def test_checkpoint_round_trip_of_the_selector(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the pool's books
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """One worker that reports each item at once: 'easy*' items all correct (filtered as
     zero variance), the others half correct (consumed)."""
 

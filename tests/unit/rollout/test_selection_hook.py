@@ -27,6 +27,7 @@ from streamrl.rollout.worker import RolloutWorker
 from streamrl.run.preflight import PreflightError, check_group_sampling, check_selection
 from streamrl.run.session import run_training
 from streamrl.stream.backends import RolloutPool
+from streamrl.stream.backends.base import Backend
 from streamrl.stream.sample_stream import SampleStream
 from tests.tiny_run import algorithm_of
 from tests.unit.rollout.test_selection import _quick
@@ -80,7 +81,7 @@ class SecondLook(GroupSampler):
 # ------------------------------------------------------------------ through the real pool
 
 
-class InlineBackend:
+class InlineBackend(Backend):
     """One real ``RolloutWorker`` with the sampler's worker side, run inline on each
     command: 'w' items are answered all wrong, the others' samples right and wrong in
     turn (mixed groups)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from streamrl.rollout.sandbox import SandboxResult as RealSandboxResult
 from streamrl.rollout.tools import (
     ERROR_KINDS,
     ParseError,
@@ -513,10 +514,11 @@ def test_search_ranks_passages_with_bm25(tmp_path: Path) -> None:
 
 # --- python (the sandbox) -----------------------------------------------------------------
 def fake_sandbox(outcomes: dict[str, dict[str, Any]]) -> types.ModuleType:
-    """A stand-in ``streamrl.rollout.sandbox`` whose ``arun(code)`` returns ``outcomes[code]``."""
+    """A stand-in ``streamrl.rollout.sandbox`` whose ``arun(code)`` returns ``outcomes[code]``
+    (as a real ``SandboxResult``: the tool reads its declared fields)."""
     module = types.ModuleType("streamrl.rollout.sandbox")
 
-    SandboxResult = types.SimpleNamespace
+    SandboxResult = RealSandboxResult
 
     class Sandbox:
         made: list[dict[str, Any]] = []
@@ -526,7 +528,8 @@ def fake_sandbox(outcomes: dict[str, dict[str, Any]]) -> types.ModuleType:
 
         async def arun(self, code: str) -> SandboxResult:
             base = {"exit_code": 0, "stdout": "", "stderr": "", "truncated": False}
-            return SandboxResult(**{**base, "isolation": "fake", "wall_s": 0.0, **outcomes[code]})
+            fake = {"isolation": "fake", "mechanism": "fake", "wall_s": 0.0}
+            return SandboxResult(**{**base, **fake, **outcomes[code]})
 
     class SandboxError(RuntimeError):
         pass
@@ -566,7 +569,8 @@ def test_python_tool_maps_sandbox_results(monkeypatch: pytest.MonkeyPatch) -> No
     assert "killed" in results["big"].content and "truncated" in results["big"].content
     assert results["oom"].content == "Error: python: the program was killed (the memory limit)"
     for r in results.values():  # ok or not, each result says how the code was isolated
-        assert r.metadata["isolation"] == "fake"
+        assert r.metadata["isolation"] == "fake: fake+no-cgroup"  # SandboxResult.level
+        assert r.metadata["sandbox"]["isolation"] == "fake"
         assert r.metadata["metrics"] == {
             "sandbox/calls": 1.0,
             "sandbox/weak_calls": 1.0,  # "fake" is not strong

@@ -14,7 +14,6 @@ import pytest
 from streamrl.core.messages import Pause, Resume, StartItems
 from streamrl.models.tokenizer import build_char_tokenizer
 from streamrl.rollout.selection import GroupSampler
-from streamrl.stream.backends.base import Backend
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.pool import RolloutPool
 from streamrl.stream.pools import Pool
@@ -52,7 +51,7 @@ def test_each_pool_implements_the_whole_interface(tmp_path: Path, kind: str) -> 
         assert isinstance(getattr(pool, name), int | dict | GroupSampler), name
 
 
-class _Recording(ScriptedBackend, Backend):
+class _Recording(ScriptedBackend):
     def __init__(self) -> None:
         super().__init__()
         self.commands: list = []
