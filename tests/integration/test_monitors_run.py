@@ -29,11 +29,13 @@ def test_the_hackable_example_fires_and_stops(tmp_path: Path, capsys) -> None:
 
 
 def test_a_normal_tiny_run_is_quiet(tmp_path: Path, capsys) -> None:
-    args = ["model.name_or_path=tiny-small", "sft.steps=0", "eval.every=0",
-            "eval.heldout_size=4", "run.progress=false", "run.tensorboard=false",
-            "run.save_weights=false", "algorithm.dynamic_sampling=false", "train.steps=6",
-            "train.items_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=6",
-            "monitors.window=2", f"run.output_dir={tmp_path}", "run.name=normal"]  # fmt: skip
+    args = [
+        *("model.name_or_path=tiny-small", "sft.steps=0", "eval.every=0"),
+        *("eval.heldout_size=4", "run.progress=false", "run.tensorboard=false"),
+        *("run.save_weights=false", "algorithm.dynamic_sampling=false", "train.steps=6"),
+        *("train.items_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=6"),
+        *("monitors.window=2", f"run.output_dir={tmp_path}", "run.name=normal"),
+    ]
     assert main(["train", *args]) == 0
     run = tmp_path / "normal"
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"

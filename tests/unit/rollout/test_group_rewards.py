@@ -87,10 +87,8 @@ def test_length_aware_by_hand() -> None:
 
 
 def test_group_and_answer_components_compose_with_weights() -> None:
-    reward = CompositeReward(
-        [("numeric_match", 1.0), ("majority_vote", 0.5), ("overlong_penalty", 2.0, {
-            "max_length": 4, "cache_length": 2})]
-    )  # fmt: skip
+    overlong = ("overlong_penalty", 2.0, {"max_length": 4, "cache_length": 2})
+    reward = CompositeReward([("numeric_match", 1.0), ("majority_vote", 0.5), overlong])
     try:
         assert reward.names == ["numeric_match", "majority_vote", "overlong_penalty"]
         assert reward.has_group and list(reward.fns) == ["numeric_match"]
@@ -267,12 +265,12 @@ def test_an_endpoint_session_is_scored_as_a_group_when_it_ends(tmp_path) -> None
     from streamrl.stream.sample_stream import SampleStream
     from tests.endpoint_harness import endpoint_cfg, served
 
-    cfg = endpoint_cfg(tmp_path, "reward.components=[{name: numeric_match}, "
-                       "{name: majority_vote, weight: 2.0}]")  # fmt: skip
+    components = "[{name: numeric_match}, {name: majority_vote, weight: 2.0}]"
+    cfg = endpoint_cfg(tmp_path, f"reward.components={components}")
     with served(cfg, tmp_path, stream=SampleStream(1, 0)) as pool:
         auth = {"Authorization": f"Bearer {pool.token}"}
-        body = {"model": "x", "messages": [{"role": "user", "content": "2+2="}], "n": 3,
-                "max_tokens": 3, "session_id": "s"}  # fmt: skip
+        messages = [{"role": "user", "content": "2+2="}]
+        body = {"model": "x", "messages": messages, "n": 3, "max_tokens": 3, "session_id": "s"}
         url = pool.base_url
         assert httpx.post(f"{url}/chat/completions", json=body, headers=auth).status_code == 200
         r = httpx.post(f"{url}/sessions/s/reward", json={"reward": 0.25}, headers=auth)
