@@ -9,7 +9,8 @@ that use them.
 - ``dpo.py``: preference losses (DPO, IPO) of the DPO stage; ``alol.py``: the A-LoL
   policy loss and its value baseline (offline stages).
 - ``policy_gradient.py`` (GRPO & co.), ``remax.py``, ``actor_critic.py`` (PPO with a
-  learned critic: ``ppo`` by GAE, ``appo`` by V-trace): one file per algorithm;
+  learned critic: ``ppo`` by GAE, ``appo`` by V-trace), ``distill.py`` (on-policy
+  distillation: a teacher's per-token reverse KL): one file per algorithm;
   ``returns.py``: GAE, V-trace.
 - ``turn_credit.py`` (per-turn advantages of multi-turn episodes: turn_discounted,
   gigpo) and ``role_conditioned.py`` (rae: a baseline per game and role, for self-play).
@@ -21,6 +22,7 @@ that use them.
 from streamrl.algorithms import actor_critic as actor_critic  # registers ppo, appo
 from streamrl.algorithms import advantages as advantages
 from streamrl.algorithms import alol as alol  # registers the alol policy loss
+from streamrl.algorithms import distill as distill  # registers distill
 from streamrl.algorithms import losses as losses
 from streamrl.algorithms import offline as offline  # registers bc, iql, td3_bc
 from streamrl.algorithms import role_conditioned as role_conditioned  # registers rae

@@ -128,11 +128,18 @@ class PolicyGradient(Algorithm):
         adv = self.advantages(batch, trajectories) * sample_weights(trajectories)
         return broadcast_to_tokens(adv, batch.loss_mask)
 
+    def signal(
+        self, batch: Batch, trajectories: list[Trajectory], trainer: Any, timer: Timer
+    ) -> None:
+        """Fills ``batch.advantages`` (N, T) from :meth:`token_advantages`; an algorithm
+        whose per-token signal needs the trainer (a teacher's forward) overrides this."""
+        with timer("advantage"):
+            batch.advantages = self.token_advantages(batch, trajectories)
+
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:
         trajectories = [t for g in groups for t in g.trajectories]
-        with timer("advantage"):
-            batch = Batch.collate(trajectories, pad_id=self.pad_id)
-            batch.advantages = self.token_advantages(batch, trajectories)  # (N, T)
+        batch = Batch.collate(trajectories, pad_id=self.pad_id)
+        self.signal(batch, trajectories, trainer, timer)
         if self.reference is not None:
             with timer("ref_logprob"):
                 batch.ref_logprobs = trainer.compute_logprobs(batch, model=self.reference)

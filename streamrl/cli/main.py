@@ -1,6 +1,7 @@
 """Command line: ``streamrl train | eval | compare | sweep | plot | config``.
 
 streamrl train [CONFIG.yaml] [key=value ...] [--import MODULE ...]
+streamrl serve [CONFIG.yaml] [key=value ...] [--api openai|tinker]
 streamrl eval RUN_DIR_OR_MODEL [--config CONFIG] [--n 8 --k 1 4 8] [key=value ...]
 streamrl compare RUN_DIRS... --metric NAME [--out DIR]
 streamrl sweep CONFIG --seeds 0 1 2 [key=value ...] [--parallel N]
@@ -54,8 +55,10 @@ def split_config_arg(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """``streamrl train`` with the endpoint on. With no config file it serves the main
     job's model at once: its trained weights (runs/default/model) if they exist, without
-    SFT, so it starts in seconds."""
+    SFT, so it starts in seconds. ``--api tinker`` serves the Tinker training API instead."""
     split_config_arg(args)
+    if args.api == "tinker":
+        return cmd_serve_tinker(args)
     quick = []
     if args.config is None and not args.resume:
         quick = ["sft.steps=0", "eval.every=0", "eval.heldout_size=50"]
@@ -63,6 +66,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
             quick.append("model.name_or_path=runs/default/model")
     args.overrides = [*quick, *args.overrides, "endpoint.enabled=true"]
     return cmd_train(args)
+
+
+def cmd_serve_tinker(args: argparse.Namespace) -> int:
+    """The Tinker API (``tinker.*`` keys) until SIGINT or SIGTERM."""
+    import signal
+    import threading
+
+    try:
+        import tinker  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "--api tinker needs the Tinker client: pip install -e '.[tinker]' (scripts/setup.sh)"
+        ) from None
+    from streamrl.stream.endpoint.tinker.server import TinkerServer
+
+    if args.resume:
+        raise ConfigError(
+            "--resume is for served RL runs; Tinker checkpoints resume from the client"
+        )
+    cfg = load_config(args.config, args.overrides, args.imports)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server = TinkerServer(cfg.tinker, seed=cfg.seed)
+    server.start()
+    served = ", ".join(m.path for m in server.service.bases.models)
+    print(
+        f"streamrl: Tinker API at {server.base_url} (API key in {server.state_dir / 'tinker_token'})"
+    )
+    print(f"streamrl: base models: {served}", flush=True)
+    try:
+        while not stop.wait(0.5) and server.running:
+            pass
+    finally:
+        server.stop()
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

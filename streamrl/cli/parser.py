@@ -95,6 +95,13 @@ def add_serve(sub: Subparsers, commands: dict[str, Command]) -> None:
     sv.add_argument("config", nargs="?", help="YAML config (default: the main job's model)")
     sv.add_argument("overrides", nargs="*", help="dotted overrides, e.g. endpoint.port=8000")
     sv.add_argument("--resume", metavar="RUN_DIR", help="continue a served run")
+    sv.add_argument(
+        "--api",
+        choices=["openai", "tinker"],
+        default="openai",
+        help="openai: train from external agents' sessions (default); tinker: the Tinker "
+        "training API (LoRA runs driven by the `tinker` client, tinker.* keys)",
+    )
     add_import_option(sv)
     sv.set_defaults(func=commands["serve"])
 

@@ -13,7 +13,9 @@ each family's own settings are nested under its name:
   ``algorithm.offline.*``;
 - ``turn_discounted``, ``gigpo``: per-turn credit of multi-turn episodes
   (``algorithm.turn.*``); ``rae``: role-conditioned baselines for self-play
-  (``algorithm.rae.*``).
+  (``algorithm.rae.*``);
+- ``distill``: on-policy distillation (a teacher's per-token reverse KL as the advantage
+  or the loss): ``algorithm.distill.*``.
 
 The names are the algorithms' own: ``ppo`` is PPO with a critic and GAE as CleanRL, SB3
 and the RLHF recipe mean it, ``appo`` the V-trace variant by its name in Sample Factory
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator
 
 from streamrl.config.base import Section
+from streamrl.config.distill import DistillConfig
 
 if TYPE_CHECKING:
     from streamrl.config.schema import Config
@@ -201,7 +204,8 @@ class AlgorithmConfig(Section):
         description="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax "
         "(outcome-reward policy gradient); ppo (learned critic, GAE) | appo (learned critic, "
         "V-trace); on transitions (offline data, environments): bc | iql | td3_bc; multi-turn "
-        "credit: turn_discounted | gigpo; self-play: rae; or one a plugin registers.",
+        "credit: turn_discounted | gigpo; self-play: rae; distill (on-policy distillation from "
+        "a teacher); or one a plugin registers.",
     )
     # ---- the policy-gradient update (every algorithm but bc, iql and td3_bc)
     policy_loss: str = Field(
@@ -236,6 +240,7 @@ class AlgorithmConfig(Section):
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
     turn: TurnConfig = Field(default_factory=TurnConfig)
     rae: RAEConfig = Field(default_factory=RAEConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
 
     @field_validator("name")
     @classmethod

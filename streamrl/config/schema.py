@@ -30,6 +30,7 @@ from streamrl.config.runtime import RuntimeConfig
 from streamrl.config.selection import SelectionConfig
 from streamrl.config.stages import ALoLConfig, DPOConfig, SFTConfig
 from streamrl.config.stream import StreamConfig
+from streamrl.config.tinker import TinkerConfig
 from streamrl.config.train import TrainConfig
 
 
@@ -61,6 +62,7 @@ class Config(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    tinker: TinkerConfig = Field(default_factory=TinkerConfig)
     # checks that need the registries (reward, algorithm, episode names, the options of
     # task sources, models and rewards) run in preflight
     _source: ConfigSource = PrivateAttr(default_factory=ConfigSource)  # (not its value)

@@ -103,6 +103,25 @@ class _Seq:
         return self.request.prompt_ids + forced[: self.scored]
 
 
+def copy_named(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor], state_dict: dict[str, torch.Tensor]
+) -> None:
+    """``model.load_state_dict(state_dict, strict=False)`` through ``tensors`` (the model's
+    own, by name): names it lacks are ignored; a shape that differs is an error, raised
+    before anything is copied."""
+    wrong = [
+        f"{k}: {list(v.shape)}, expected {list(tensors[k].shape)}"
+        for k, v in state_dict.items()
+        if k in tensors and tensors[k].shape != v.shape
+    ]
+    if wrong:
+        raise RuntimeError(f"weights of {type(model).__name__} do not fit: {'; '.join(wrong[:3])}")
+    with torch.no_grad():
+        for k, v in state_dict.items():
+            if k in tensors:
+                tensors[k].copy_(v)
+
+
 class LocalEngine(Drawing, StepEngine):
     """Batched KV-cache inference with continuous batching over ``decode_slots`` slots.
 
@@ -172,6 +191,7 @@ class LocalEngine(Drawing, StepEngine):
         self._vocab = model.get_input_embeddings().num_embeddings  # valid token ids
         # hook called at every step boundary (tests, metrics); may call update_weights
         self.on_step: Callable[[LocalEngine], None] | None = None
+        self._tensors_by_name: dict[str, torch.Tensor] | None = None  # see _named_tensors
         self._init_slots(decode_slots)
         self._queue_lock = threading.Lock()  # _pending
         self._init_steps()
@@ -334,12 +354,22 @@ class LocalEngine(Drawing, StepEngine):
 
     def _load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=False)  # in-place copy_
+            copy_named(self.model, self._named_tensors(state_dict.keys()), state_dict)
             if self.packed:  # only the layers whose weights arrived
                 repack(self.model, state_dict.keys(), self._packer)
             self.runner.weights_loaded(state_dict.keys(), self._packer)
         self.version = version
         self.stats.weight_updates += 1
+
+    def _named_tensors(self, names: Any) -> dict[str, torch.Tensor]:
+        """The model's tensors by state-dict name (parameters and buffers, as the model's
+        own), built once: a publish then costs its tensors' copies, not a walk over every
+        module (which dominates an adapter's few megabytes on a model of many modules).
+        Rebuilt if a name arrives that it lacks."""
+        cached = self._tensors_by_name
+        if cached is None or any(n not in cached for n in names):
+            cached = self._tensors_by_name = dict(self.model.state_dict(keep_vars=True))
+        return cached
 
     def _forward_and_sample(self) -> None:
         """Decodes every active slot and prefills newly admitted requests in one forward.

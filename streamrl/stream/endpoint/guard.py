@@ -2,8 +2,9 @@
 
 In this order, each from the request's headers alone until the body is read:
 
-1. exactly one ``Authorization: Bearer <token>`` header, compared as bytes in constant
-   time, or 401 (a malformed value is only a wrong one);
+1. exactly one ``Authorization: Bearer <token>`` header (or the header and scheme the
+   application names: the Tinker service takes ``X-API-Key: <token>``), compared as
+   bytes in constant time, or 401 (a malformed value is only a wrong one);
 2. a ``Content-Length`` over ``endpoint.max_body_bytes``: 413 at once;
 3. the body, read up to ``endpoint.max_body_bytes`` (413 as soon as it is more,
    chunked bodies too) and within ``endpoint.read_timeout_s`` (408).
@@ -25,9 +26,18 @@ TOO_LARGE = object()
 
 
 class RequestGuard:
-    def __init__(self, app: Any, token: str, max_body_bytes: int, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        app: Any,
+        token: str,
+        max_body_bytes: int,
+        read_timeout_s: float,
+        header: bytes = b"authorization",
+        scheme: str = "Bearer ",
+    ) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.header = header
+        self.expected = f"{scheme}{token}".encode()
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
 
@@ -36,9 +46,9 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = scope["headers"]
-        auth = [v for k, v in headers if k == b"authorization"]
+        auth = [v for k, v in headers if k == self.header]
         if len(auth) != 1 or not hmac.compare_digest(auth[0], self.expected):
-            await refuse(send, 401, "missing or wrong bearer token", "authentication_error")
+            await refuse(send, 401, "missing or wrong token", "authentication_error")
             return
         lengths = [v for k, v in headers if k == b"content-length"]
         if lengths and not all(v.isdigit() and int(v) <= self.max_body_bytes for v in lengths):

@@ -261,3 +261,17 @@ def test_runs_on_packed_engine_weights_report_a_small_mismatch(tmp_path: Path):
     assert max(r["mismatch/abs_log_ratio_mean"] for r in onednn) < 1e-6
     # the k3 KL ~ gap^2 / 2: small, but not cancelled to 0 in float arithmetic
     assert all(0 < r["mismatch/kl"] < 1e-6 for r in packed)
+
+
+def test_copy_named_ignores_unknown_names_and_refuses_a_wrong_shape_before_copying() -> None:
+    """The engine's publish path (load_state_dict(strict=False) through a name map)."""
+    from streamrl.engines.inference.engine import copy_named
+
+    model = torch.nn.Linear(3, 2)
+    tensors = dict(model.state_dict(keep_vars=True))
+    before = model.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="bias: \\[3\\], expected \\[2\\]"):
+        copy_named(model, tensors, {"weight": torch.ones(2, 3), "bias": torch.zeros(3)})
+    assert torch.equal(model.weight, before)  # nothing copied
+    copy_named(model, tensors, {"weight": torch.ones(2, 3), "not_a_weight": torch.zeros(1)})
+    assert torch.equal(model.weight, torch.ones(2, 3))
