@@ -100,7 +100,9 @@ def test_format_reward() -> None:
     assert format_reward("46", ITEM, pattern=ANSWER_TAG_PATTERN) == 0.0
     tagged = get_reward("format_reward", pattern=ANSWER_TAG_PATTERN)
     assert tagged("<answer>x</answer>", ITEM) == 1.0
-    with pytest.raises(ValueError, match="unknown reward 'nope'; known: .*exact_match.*majority_vote"):
+    with pytest.raises(
+        ValueError, match="unknown reward 'nope'; known: .*exact_match.*majority_vote"
+    ):
         get_reward("nope")
 
 
