@@ -12,36 +12,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamrl.config import Config, load_config
+from streamrl.config import Config
 from streamrl.core.types import GenerationResult
 from streamrl.engines.inference.engine import EngineStats
 from streamrl.models import load_model_and_tokenizer
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.sample_stream import SampleStream
+from tests.tiny_run import tiny_rl_config
 
 
 def endpoint_cfg(tmp_path: Path, *extra: str) -> Config:
     """A tiny served run: one item per step, 2 steps, eta = 0, 4 new tokens."""
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "train.items_per_step=1",
-            "train.steps=2",
-            "stream.max_staleness=0",
-            "algorithm.name=reinforce_pp",
-            "algorithm.dynamic_sampling=false",
-            "rollout.max_new_tokens=4",
-            "endpoint.enabled=true",
-            "run.name=served",
-            "run.progress=false",
-            "run.tensorboard=false",
-            f"run.output_dir={tmp_path}",
-            *extra,
-        ],
+    return tiny_rl_config(
+        tmp_path,
+        "train.items_per_step=1",
+        "train.steps=2",
+        "stream.max_staleness=0",
+        "algorithm.name=reinforce_pp",
+        "algorithm.dynamic_sampling=false",
+        "rollout.max_new_tokens=4",
+        "endpoint.enabled=true",
+        "run.name=served",
+        *extra,
     )
 
 

@@ -1,5 +1,8 @@
-"""A quick RL run on the ``tiny-small`` preset, shared by tests that push one real run
-through the controller."""
+"""A quick RL run on the ``tiny-small`` preset: the one way tests get a tiny run's config.
+
+Tests take the ``tiny_config`` fixture (tests/conftest.py), bound to their ``tmp_path``;
+shared helper modules call ``tiny_rl_config`` / ``tiny_args`` with an explicit directory.
+Each test adds only the overrides it is about."""
 
 from __future__ import annotations
 
@@ -20,10 +23,31 @@ QUIET_TINY = [
 ]
 
 
-def tiny_rl_config(output_dir: Path, *overrides: str) -> Config:
-    """No SFT, 4 held-out items evaluated before and after, no progress bar, TensorBoard
-    or saved weights; ``overrides`` (dotted ``key=value``) come after these."""
-    return load_config(None, [*QUIET_TINY, f"run.output_dir={output_dir}", *overrides])
+def tiny_args(output_dir: Path | str, *overrides: str) -> list[str]:
+    """The dotted ``key=value`` overrides of a tiny run writing under ``output_dir``: no
+    SFT, 4 held-out items evaluated before and after, no progress bar, TensorBoard or
+    saved weights; ``overrides`` come after these, so they win."""
+    return [*QUIET_TINY, f"run.output_dir={output_dir}", *overrides]
+
+
+def tiny_rl_config(output_dir: Path | str, *overrides: str) -> Config:
+    """``tiny_args`` loaded as a config."""
+    return load_config(None, tiny_args(output_dir, *overrides))
+
+
+class TinyConfig:
+    """What the ``tiny_config`` fixture gives: ``tiny_config(*overrides)`` is a tiny run's
+    ``Config`` writing under the test's ``tmp_path`` (or ``output_dir=``), and
+    ``tiny_config.args(*overrides)`` the same run as command-line overrides."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir = output_dir
+
+    def __call__(self, *overrides: str, output_dir: Path | None = None) -> Config:
+        return tiny_rl_config(output_dir or self.output_dir, *overrides)
+
+    def args(self, *overrides: str, output_dir: Path | None = None) -> list[str]:
+        return tiny_args(output_dir or self.output_dir, *overrides)
 
 
 def metric_rows(run_dir: Path) -> list[dict]:

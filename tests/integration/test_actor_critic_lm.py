@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -12,7 +10,7 @@ from streamrl.core.timing import StageTimer
 from streamrl.core.types import Trajectory
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import algorithm_of, metric_rows, tiny_rl_config
+from tests.tiny_run import algorithm_of, metric_rows
 
 
 def _traj(reward: float, mask: list[bool]) -> Trajectory:
@@ -59,9 +57,8 @@ def test_token_gae_rewards_the_last_generated_token_and_skips_observations():
     assert batch.returns[0, 4].item() == pytest.approx(1.0)  # R = A + V at the last token
 
 
-def test_lm_value_head_trains_through_the_pipeline(tmp_path: Path):
-    cfg = tiny_rl_config(
-        tmp_path,
+def test_lm_value_head_trains_through_the_pipeline(tiny_config):
+    cfg = tiny_config(
         "algorithm.name=ppo",
         "algorithm.ppo.gamma=1.0",
         "reward.components=[{name: numeric_match}, "

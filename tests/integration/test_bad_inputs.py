@@ -418,7 +418,7 @@ def test_options_are_converted_to_their_types_and_saved_so(tmp_path: Path) -> No
 
 
 def test_prompts_too_long_are_counted_before_and_filtered_during_the_run(
-    tmp_path: Path, capsys, caplog
+    tmp_path: Path, tiny_config, capsys, caplog
 ) -> None:
     """A fifth of the prompts cannot fit the tiny model's 256 tokens: preflight says how
     many, the run filters each as prompt_too_long, and every issued item is accounted."""
@@ -436,21 +436,17 @@ def test_prompts_too_long_are_counted_before_and_filtered_during_the_run(
     out = tmp_path / "runs"
     argv = [
         "train",
-        "data.kind=jsonl",
-        f"data.options={{path: '{train}', eval_path: '{heldout}'}}",
-        "model.name_or_path=tiny-small",
-        "sft.steps=0",
-        "eval.every=0",
-        "eval.samples=0",
-        "train.steps=3",
-        "train.items_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=3",
-        "algorithm.dynamic_sampling=false",
-        "run.progress=false",
-        "run.tensorboard=false",
-        "run.save_weights=false",
-        f"run.output_dir={out}",
+        *tiny_config.args(
+            "data.kind=jsonl",
+            f"data.options={{path: '{train}', eval_path: '{heldout}'}}",
+            "eval.samples=0",
+            "train.steps=3",
+            "train.items_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=3",
+            "algorithm.dynamic_sampling=false",
+            output_dir=out,
+        ),
     ]
     code, err = _run(argv, capsys)
     assert code == 0, err
@@ -466,7 +462,7 @@ def test_prompts_too_long_are_counted_before_and_filtered_during_the_run(
     assert s["eval_accuracy_after"] <= 0.75
 
 
-def test_a_stream_of_prompts_too_long_stops_the_run(tmp_path: Path, capsys) -> None:
+def test_a_stream_of_prompts_too_long_stops_the_run(tmp_path: Path, tiny_config, capsys) -> None:
     """Past the prompts preflight looks at, items whose prompt cannot fit are filtered in
     a row: the run stops at algorithm.max_dropped_in_a_row instead of spinning."""
     from streamrl.sources import _KINDS, ArithmeticTaskSource, register_task_source
@@ -483,23 +479,20 @@ def test_a_stream_of_prompts_too_long_stops_the_run(tmp_path: Path, capsys) -> N
         out = tmp_path / "runs"
         argv = [
             "train",
-            "data.kind=then_long",
-            "data.max_too_long_fraction=1.0",
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.samples=0",
-            "eval.heldout_size=2",
-            "train.steps=5",
-            "train.items_per_step=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=2",
-            "stream.max_staleness=0",
-            "algorithm.dynamic_sampling=false",
-            "algorithm.max_dropped_in_a_row=5",
-            "run.progress=false",
-            "run.tensorboard=false",
-            f"run.output_dir={out}",
+            *tiny_config.args(
+                "data.kind=then_long",
+                "data.max_too_long_fraction=1.0",
+                "eval.samples=0",
+                "eval.heldout_size=2",
+                "train.steps=5",
+                "train.items_per_step=2",
+                "rollout.group_size=2",
+                "rollout.max_new_tokens=2",
+                "stream.max_staleness=0",
+                "algorithm.dynamic_sampling=false",
+                "algorithm.max_dropped_in_a_row=5",
+                output_dir=out,
+            ),
         ]
         code, err = _run(argv, capsys)
     finally:

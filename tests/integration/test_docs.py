@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
@@ -45,30 +44,17 @@ def doc():
         registry.update(before)
 
 
-def _cfg(tmp_path: Path, *extra: str):
-    return load_config(None, [*_cfg_overrides(tmp_path), *extra])
+# 2 RL steps of 2 items: 4 items consumed
+TWO_STEPS = [
+    "algorithm.dynamic_sampling=false",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=3",
+    "train.items_per_step=2",
+    "train.steps=2",
+]
 
 
-def _cfg_overrides(tmp_path: Path) -> list[str]:
-    """A tiny run's overrides (2 RL steps of 2 items, no SFT, no weights written)."""
-    return [
-        "model.name_or_path=tiny-small",
-        "sft.steps=0",
-        "eval.every=0",
-        "eval.heldout_size=4",
-        "algorithm.dynamic_sampling=false",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=3",
-        "train.items_per_step=2",
-        "train.steps=2",
-        f"run.output_dir={tmp_path}",
-        "run.progress=false",
-        "run.tensorboard=false",
-        "run.save_weights=false",
-    ]
-
-
-def test_algorithm_example_trains_its_critic(doc, tmp_path: Path, monkeypatch) -> None:
+def test_algorithm_example_trains_its_critic(doc, tiny_config, monkeypatch) -> None:
     cls, built = doc["CriticBaseline"], []
     original = cls.setup
 
@@ -77,27 +63,27 @@ def test_algorithm_example_trains_its_critic(doc, tmp_path: Path, monkeypatch) -
         original(self, trainer, tokenizer)
 
     monkeypatch.setattr(cls, "setup", setup)
-    result = train(_cfg(tmp_path, "algorithm.name=doc_critic_baseline"))
+    result = train(tiny_config(*TWO_STEPS, "algorithm.name=doc_critic_baseline"))
     assert result.summary["stream/consumed"] == 4
     (algo,) = built
     assert algo.state_dict()["critic_opt"]["state"]  # the critic took optimizer steps
 
 
-def test_episode_example_runs_in_training_and_evaluation(doc, tmp_path: Path) -> None:
-    result = train(_cfg(tmp_path, "rollout.episode=doc_answer_then_check"))
+def test_episode_example_runs_in_training_and_evaluation(doc, tiny_config) -> None:
+    result = train(tiny_config(*TWO_STEPS, "rollout.episode=doc_answer_then_check"))
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     counted = [r for r in rows if "check/turns" in r]
     assert counted and all(r["check/turns"] == 2.0 for r in counted)  # a mean per episode
 
 
-def test_task_source_example(doc, tmp_path: Path) -> None:
+def test_task_source_example(doc, tiny_config) -> None:
     src = build_task_source("doc_parity")
     item = next(src.train_iter(0))
     assert item.answer in ("yes", "no") and len(src.heldout(5)) == 5
     heldout = {it.id for it in src.heldout()}
     assert not any(next(src.train_iter(s)).id in heldout for s in range(20))
-    cfg = _cfg(
-        tmp_path,
+    cfg = tiny_config(
+        *TWO_STEPS,
         "data.kind=doc_parity",
         "data.options={}",
         "reward.components=[{name: exact_match}]",
@@ -107,7 +93,7 @@ def test_task_source_example(doc, tmp_path: Path) -> None:
 
 
 def test_task_source_example_runs_from_the_documented_command(
-    tmp_path: Path, monkeypatch, capsys
+    tmp_path: Path, tiny_config, monkeypatch, capsys
 ) -> None:
     """The task source block saved as the module the doc names, then the doc's own
     command through the CLI (with the tiny-run overrides): --import finds the module in
@@ -129,16 +115,15 @@ def test_task_source_example_runs_from_the_documented_command(
     _KINDS.pop("doc_parity", None)  # (the `doc` fixture may have registered its own copy)
     try:
         assert argv[:2] == ["streamrl", "train"]
-        tiny = [o for o in _cfg_overrides(tmp_path) if not o.startswith("run.output_dir")]
         out = tmp_path / "runs"
-        code = main([*argv[1:], *tiny, f"run.output_dir={out}"])
+        code = main([*argv[1:], *tiny_config.args(*TWO_STEPS, output_dir=out)])
         assert code == 0, capsys.readouterr().err
         (run,) = out.iterdir()
         saved = yaml.safe_load((run / "config.yaml").read_text())
         assert saved["plugins"] == [module] and saved["data"]["options"] == {"limit": 1000}
         assert json.loads((run / "summary.json").read_text())["stream/consumed"] == 4
         bad = [a.replace("limit: 1000", "limit: many") for a in argv[1:]]
-        assert main([*bad, *tiny, f"run.output_dir={tmp_path / 'bad'}"]) == 2
+        assert main([*bad, *tiny_config.args(*TWO_STEPS, output_dir=tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
         assert "command-line override: data.options.limit: Input should be a valid integer" in err
         assert not (tmp_path / "bad").exists()
@@ -150,8 +135,8 @@ def test_task_source_example_runs_from_the_documented_command(
         _KINDS.update(kinds)
 
 
-def test_backend_example_serves_the_pool(doc) -> None:
-    cfg = _cfg(Path("unused"))
+def test_backend_example_serves_the_pool(doc, tiny_config) -> None:
+    cfg = tiny_config(*TWO_STEPS)
     model, tokenizer = load_model_and_tokenizer("tiny-small", seed=0)
     spec = WorkerSpec(cfg, model.config, tokenizer)
     backend = doc["OneThreadBackend"](spec, model.state_dict())

@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from streamrl.cli.main import main
-from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.rewards import register_reward
 from streamrl.run.launch import train
@@ -105,28 +104,17 @@ def flaky_reward(completion: str, item) -> float:
     return float(len(completion) % 2)
 
 
-def test_failing_and_hanging_rewards_are_counted_not_fatal(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "reward.components=[{name: test_flaky}]",
-            "reward.correct_reward=test_flaky",
-            "reward.timeout_s=0.2",
-            # hung rewards can briefly fail every call: count them, never stop the run
-            "rollout.max_consecutive_failures=0",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=3",
-            "train.items_per_step=2",
-            "train.steps=3",
-            "eval.heldout_size=4",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-        ],
+def test_failing_and_hanging_rewards_are_counted_not_fatal(tiny_config) -> None:
+    cfg = tiny_config(
+        "reward.components=[{name: test_flaky}]",
+        "reward.correct_reward=test_flaky",
+        "reward.timeout_s=0.2",
+        # hung rewards can briefly fail every call: count them, never stop the run
+        "rollout.max_consecutive_failures=0",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "train.items_per_step=2",
+        "train.steps=3",
     )
     result = train(cfg)
     s = result.summary
@@ -155,28 +143,20 @@ def test_malformed_data_row_names_file_and_line(tmp_path: Path, capsys) -> None:
     assert f"{data}:2: field 'prompt'" in err
 
 
-def test_lora_run_trains_adapters_and_saves_merged_weights(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "eval.every=0",
-            "model.lora_rank=4",
-            "reward.components=[{name: numeric_match}, "
-            "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=3",
-            "train.items_per_step=2",
-            "train.steps=2",
-            "train.lr=0.01",
-            "sft.steps=2",
-            "sft.examples_per_step=8",
-            "eval.heldout_size=4",
-            "runtime.threads=1",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-        ],
+def test_lora_run_trains_adapters_and_saves_merged_weights(tiny_config) -> None:
+    cfg = tiny_config(
+        "model.lora_rank=4",
+        "reward.components=[{name: numeric_match}, "
+        "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=3",
+        "train.items_per_step=2",
+        "train.steps=2",
+        "train.lr=0.01",
+        "sft.steps=2",
+        "sft.examples_per_step=8",
+        "runtime.threads=1",
+        "run.save_weights=true",
     )
     result = train(cfg)
     assert result.trainer.is_lora

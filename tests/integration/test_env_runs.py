@@ -5,18 +5,15 @@ accounted for."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from streamrl.run.launch import train
-from tests.tiny_run import metric_rows, tiny_rl_config
+from tests.tiny_run import metric_rows
 
 pytest.importorskip("textarena")
 vf = pytest.importorskip("verifiers")
 
 ENV_RUN = [
-    "sft.steps=0",
     "rollout.episode=env",
     "rollout.group_size=2",
     "rollout.max_new_tokens=4",
@@ -33,9 +30,8 @@ def _accounted(s: dict) -> None:
 
 
 @pytest.mark.slow
-def test_self_play_on_kuhn_poker_trains_both_seats(tmp_path: Path) -> None:
-    cfg = tiny_rl_config(
-        tmp_path,
+def test_self_play_on_kuhn_poker_trains_both_seats(tiny_config) -> None:
+    cfg = tiny_config(
         *ENV_RUN,
         "data.kind=textarena",
         "data.options={env_id: KuhnPoker-v0, env_options: {max_rounds: 1}, "
@@ -74,9 +70,8 @@ def _one(completion, answer, **kwargs) -> float:
 
 
 @pytest.mark.slow
-def test_a_failing_environment_is_counted_and_the_run_goes_on(tmp_path: Path) -> None:
-    cfg = tiny_rl_config(
-        tmp_path,
+def test_a_failing_environment_is_counted_and_the_run_goes_on(tiny_config) -> None:
+    cfg = tiny_config(
         *ENV_RUN,
         "data.kind=verifiers",
         f"data.options={{load: '{__name__}:flaky_env', heldout_size: 2}}",

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
@@ -25,29 +24,17 @@ pytestmark = pytest.mark.slow
 B, STEPS = 4, 6
 
 
-def _cfg(tmp_path: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=24",
-            "rollout.decode_slots=16",
-            f"train.items_per_step={B}",
-            f"train.steps={STEPS}",
-            "algorithm.dynamic_sampling=false",
-            "stream.max_staleness=1",
-            "eval.heldout_size=4",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-            *extra,
-        ],
-    )
+# 1-digit sums, 2 samples of up to 24 tokens per item, B items per step, eta = 1
+RUN = [
+    "data.options={digits: 1, operators: '+', heldout_size: 8}",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=24",
+    "rollout.decode_slots=16",
+    f"train.items_per_step={B}",
+    f"train.steps={STEPS}",
+    "algorithm.dynamic_sampling=false",
+    "stream.max_staleness=1",
+]
 
 
 def _backend(kind: str, cfg, workers: int):
@@ -95,8 +82,8 @@ def _wait_batch(pool: RolloutPool, stream: SampleStream, timeout: float = 120.0)
 
 
 @pytest.mark.parametrize("kind", ["process", "ray"])
-def test_sigkilled_worker_is_replaced_and_its_items_reissued(tmp_path: Path, kind: str) -> None:
-    cfg = _cfg(tmp_path)
+def test_sigkilled_worker_is_replaced_and_its_items_reissued(tiny_config, kind: str) -> None:
+    cfg = tiny_config(*RUN)
     pool, stream, weights, pids = _pool(kind, cfg, 2, max_restarts=2, worker_timeout_s=60)
     consumed: list[int] = []
     lost: set[int] = set()
@@ -136,8 +123,8 @@ def test_sigkilled_worker_is_replaced_and_its_items_reissued(tmp_path: Path, kin
     assert sum(stream.stats.failed.values()) == 0
 
 
-def test_hung_worker_is_declared_lost_after_the_timeout(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+def test_hung_worker_is_declared_lost_after_the_timeout(tiny_config) -> None:
+    cfg = tiny_config(*RUN)
     pool, stream, weights, pids = _pool("process", cfg, 1, max_restarts=1, worker_timeout_s=3)
     try:
         pool.wait_version(0, timeout=120)
@@ -156,8 +143,8 @@ def test_hung_worker_is_declared_lost_after_the_timeout(tmp_path: Path) -> None:
     assert len({g.item_index for batch in groups for g in batch}) == 3 * B
 
 
-def test_trainer_fails_clearly_when_workers_cannot_be_replaced(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+def test_trainer_fails_clearly_when_workers_cannot_be_replaced(tiny_config) -> None:
+    cfg = tiny_config(*RUN)
     pool, stream, _, pids = _pool("process", cfg, 1, max_restarts=0, worker_timeout_s=60)
     t0 = time.monotonic()
     try:
@@ -175,12 +162,12 @@ def test_trainer_fails_clearly_when_workers_cannot_be_replaced(tmp_path: Path) -
     assert time.monotonic() - t0 < 60  # failed fast, did not wait for a timeout
 
 
-def test_train_survives_a_killed_process_worker(tmp_path: Path) -> None:
+def test_train_survives_a_killed_process_worker(tiny_config) -> None:
     """The whole loop: kill a worker mid-run; the run completes and its books balance."""
     import threading
 
-    cfg = _cfg(
-        tmp_path, "runtime.backend=process", "runtime.num_rollout_workers=2", "train.steps=12"
+    cfg = tiny_config(
+        *RUN, "runtime.backend=process", "runtime.num_rollout_workers=2", "train.steps=12"
     )
     killed: list[int] = []
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
 import pytest
 
-from streamrl.config import load_config
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import Item
 from streamrl.run.session import run_training
@@ -78,27 +76,17 @@ def test_groups_dropped_in_a_row_stop_the_run_with_a_clear_error() -> None:
     assert stream.stats.consumed == 6 and stream.stats.filtered["zero_reward_std"] >= 10
 
 
-def test_a_run_whose_task_is_too_hard_fails_fast_and_says_why(tmp_path: Path) -> None:
+def test_a_run_whose_task_is_too_hard_fails_fast_and_says_why(tiny_config) -> None:
     """A policy that answers no 3-digit product right: every group is dropped, and the run
     stops after 40 of them instead of generating forever."""
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "data.options={digits: 3, operators: '*', heldout_size: 8}",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=4",
-            "train.items_per_step=4",
-            "train.steps=3",
-            "eval.heldout_size=4",
-            "eval.every=0",
-            "algorithm.max_dropped_in_a_row=40",
-            "run.name=hard",
-            "run.tensorboard=false",
-            "run.progress=false",
-            f"run.output_dir={tmp_path}",
-        ],
+    cfg = tiny_config(
+        "data.options={digits: 3, operators: '*', heldout_size: 8}",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=4",
+        "train.items_per_step=4",
+        "train.steps=3",
+        "algorithm.max_dropped_in_a_row=40",
+        "run.name=hard",
     )
     with pytest.raises(NothingToLearn, match="40 groups in a row .* mean reward 0.000"):
         run_training(cfg)

@@ -16,7 +16,6 @@ import torch
 
 from streamrl.algorithms import offline_losses as L
 from streamrl.cli.main import main
-from streamrl.config import load_config
 from streamrl.core import transitions
 from streamrl.core.timing import StageTimer
 from streamrl.core.transitions import Transitions, segment_transitions
@@ -64,9 +63,13 @@ def test_expectile_loss_weights_positive_residuals_by_tau():
 def test_iql_q_loss_bootstraps_from_v_unless_terminated():
     q1, q2 = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 2.0])
     loss = L.iql_q_loss(
-        q1, q2, torch.tensor([1.0, 0.0]), torch.tensor([2.0, 4.0]),
-        torch.tensor([False, True]), gamma=0.5,
-    )  # fmt: skip
+        q1,
+        q2,
+        torch.tensor([1.0, 0.0]),
+        torch.tensor([2.0, 4.0]),
+        torch.tensor([False, True]),
+        gamma=0.5,
+    )
     # y = [1 + 0.5 * 2, 0]; q1: (1 + 4) / 2 = 2.5; q2: (4 + 4) / 2 = 4
     assert loss.item() == pytest.approx(0.5 * (2.5 + 4.0))
 
@@ -93,9 +96,12 @@ def test_awr_weight_stats_mean_cap_share_and_effective_sample_size():
 
 def test_td3_target_takes_the_smaller_q_and_stops_at_termination():
     y = L.td3_target(
-        torch.tensor([1.0, 1.0]), torch.tensor([False, True]),
-        torch.tensor([3.0, 5.0]), torch.tensor([4.0, 2.0]), gamma=0.9,
-    )  # fmt: skip
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([False, True]),
+        torch.tensor([3.0, 5.0]),
+        torch.tensor([4.0, 2.0]),
+        gamma=0.9,
+    )
     assert y.tolist() == pytest.approx([1 + 0.9 * 3, 1.0])
 
 
@@ -144,13 +150,18 @@ def test_polyak_update_moves_the_target_by_tau():
 def test_segment_transitions_drop_truncated_steps_and_keep_versions():
     obs = torch.arange(8.0).reshape(2, 2, 2)  # T=2, N=2
     seg = Segment(
-        obs=obs, actions=torch.tensor([[0, 1], [1, 0]]), logprobs=torch.zeros(2, 2),
-        values=torch.zeros(2, 2), rewards=torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+        obs=obs,
+        actions=torch.tensor([[0, 1], [1, 0]]),
+        logprobs=torch.zeros(2, 2),
+        values=torch.zeros(2, 2),
+        rewards=torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
         terminated=torch.tensor([[False, True], [False, False]]),
-        truncated=torch.tensor([[False, False], [True, False]]), final_values=torch.zeros(2, 2),
-        last_obs=torch.tensor([[8.0, 9.0], [10.0, 11.0]]), last_values=torch.zeros(2),
+        truncated=torch.tensor([[False, False], [True, False]]),
+        final_values=torch.zeros(2, 2),
+        last_obs=torch.tensor([[8.0, 9.0], [10.0, 11.0]]),
+        last_values=torch.zeros(2),
         versions=torch.tensor([3, 4]),
-    )  # fmt: skip
+    )
     tr = segment_transitions(seg)
     assert tr.rewards.tolist() == [1.0, 2.0, 4.0]  # (t=1, env 0) was truncated
     assert tr.next_obs.tolist() == [[4.0, 5.0], [6.0, 7.0], [10.0, 11.0]]
@@ -217,9 +228,11 @@ def test_make_minari_mix_of_a_saved_policy_and_random(tmp_path):
     env = gym.make("CartPole-v1")
     build_policy("mlp", env.observation_space, env.action_space).save_pretrained(tmp_path / "p")
     _, summary = make_minari(
-        "CartPole-v1", minari_make.parse_mix([f"{tmp_path / 'p'}:2", "random:1"]), 3,
+        "CartPole-v1",
+        minari_make.parse_mix([f"{tmp_path / 'p'}:2", "random:1"]),
+        3,
         dataset_id="cartpole/mixed-v0",
-    )  # fmt: skip
+    )
     assert summary["episodes"] == 3 and set(summary["return_mean_by_policy"]) == {
         str(tmp_path / "p"),
         "random",
@@ -256,10 +269,15 @@ def _buffer(k: int, rewards: list[float], n_obs: int | None = None):
     t = len(rewards)
     n_obs = t + 1 if n_obs is None else n_obs
     return EpisodeBuffer(
-        id=k, seed=k, observations=np.zeros((n_obs, 4), np.float32),
-        actions=np.zeros(t, np.int64), rewards=rewards, terminations=[False] * t,
-        truncations=[False] * (t - 1) + [True] if t else [], infos={},
-    )  # fmt: skip
+        id=k,
+        seed=k,
+        observations=np.zeros((n_obs, 4), np.float32),
+        actions=np.zeros(t, np.int64),
+        rewards=rewards,
+        terminations=[False] * t,
+        truncations=[False] * (t - 1) + [True] if t else [],
+        infos={},
+    )
 
 
 def test_nan_rewards_name_the_episode_step_and_field():
@@ -296,15 +314,21 @@ def _take(it, n):
 # ---------------------------------------------------------------- algorithms
 
 
-def _cfg(advantage: str, dataset: str, **over):
-    overrides = [
-        "model.name_or_path=mlp", "data.kind=minari",
+def _offline(advantage: str, dataset: str) -> list[str]:
+    """An offline control run: the MLP policy on a Minari dataset, one item per step;
+    the final weights saved (the runs below evaluate or compare them)."""
+    return [
+        "model.name_or_path=mlp",
+        "data.kind=minari",
         f"data.options={{dataset_id: {dataset}, batch_transitions: 32}}",
-        "rollout.episode=gym", "rollout.group_size=1", f"algorithm.name={advantage}",
-        "algorithm.offline.q_hidden=[16, 16]", "sft.steps=0", "train.items_per_step=1",
-        "eval.heldout_size=2", "eval.every=0",
-    ] + [f"{k}={v}" for k, v in over.items()]  # fmt: skip
-    return load_config(None, overrides)
+        "rollout.episode=gym",
+        "rollout.group_size=1",
+        f"algorithm.name={advantage}",
+        "algorithm.offline.q_hidden=[16, 16]",
+        "train.items_per_step=1",
+        "eval.heldout_size=2",
+        "run.save_weights=true",
+    ]
 
 
 def _pendulum_dataset() -> str:
@@ -327,13 +351,13 @@ def _engine(cfg):
 
 
 @pytest.mark.parametrize("kind", ["cartpole", "pendulum"])
-def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
+def test_iql_trains_q_v_and_policy_and_moves_its_target(tiny_config, kind):
     if kind == "cartpole":
         _heuristic_dataset("cartpole/h-v0", 1, 0.1)
         dataset = "cartpole/h-v0"
     else:
         dataset = _pendulum_dataset()
-    cfg = _cfg("iql", dataset, **{"algorithm.offline.target_tau": 0.5})
+    cfg = tiny_config(*_offline("iql", dataset), "algorithm.offline.target_tau=0.5")
     algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
@@ -353,8 +377,8 @@ def test_iql_trains_q_v_and_policy_and_moves_its_target(kind):
     assert "target_q" in algo.state_dict()
 
 
-def test_iql_scales_the_rewards_of_its_td_target():
-    cfg = _cfg("iql", _pendulum_dataset(), **{"algorithm.offline.reward_scale": 0.25})
+def test_iql_scales_the_rewards_of_its_td_target(tiny_config):
+    cfg = tiny_config(*_offline("iql", _pendulum_dataset()), "algorithm.offline.reward_scale=0.25")
     algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     batch = algo.prepare(_one_batch(cfg, trainer), trainer, StageTimer())
@@ -370,8 +394,8 @@ def test_iql_scales_the_rewards_of_its_td_target():
     assert 0 < m["awr_ess"] <= 1
 
 
-def test_td3_bc_delays_the_actor_and_its_targets():
-    cfg = _cfg("td3_bc", _pendulum_dataset(), **{"algorithm.offline.policy_delay": 2})
+def test_td3_bc_delays_the_actor_and_its_targets(tiny_config):
+    cfg = tiny_config(*_offline("td3_bc", _pendulum_dataset()), "algorithm.offline.policy_delay=2")
     algo, trainer = algorithm_of(cfg), _engine(cfg)
     algo.setup(trainer, None)
     trainer.reset_optimizer(1e-3)
@@ -395,13 +419,13 @@ def test_td3_bc_delays_the_actor_and_its_targets():
     assert state["updates"] == 2 and {"target_q", "target_actor", "generator"} <= set(state)
 
 
-def test_td3_bc_refuses_discrete_actions_and_offline_algorithms_need_one_sample():
+def test_td3_bc_refuses_discrete_actions_and_offline_algorithms_need_one_sample(tiny_config):
     _heuristic_dataset("cartpole/h-v0", 1, 0.0)
-    cfg = _cfg("td3_bc", "cartpole/h-v0")
+    cfg = tiny_config(*_offline("td3_bc", "cartpole/h-v0"))
     with pytest.raises(ValueError, match="continuous"):
         algorithm_of(cfg).setup(_engine(cfg), None)
     with pytest.raises(ValueError, match="group_size must be 1"):
-        algorithm_of(_cfg("iql", "cartpole/h-v0", **{"rollout.group_size": 2}))
+        algorithm_of(tiny_config(*_offline("iql", "cartpole/h-v0"), "rollout.group_size=2"))
 
 
 def test_twin_q_shapes():
@@ -416,19 +440,20 @@ def test_twin_q_shapes():
 
 
 @pytest.mark.parametrize("advantage", ["bc", "iql"])
-def test_offline_cartpole_return_rises_above_random(tmp_path, advantage):
+def test_offline_cartpole_return_rises_above_random(tiny_config, advantage):
     """A medium dataset (a heuristic with 20% random actions); the policy trained offline
     through the stream beats the random policy's return (~22) by far."""
     _heuristic_dataset("cartpole/medium-v0", 15, 0.2)
-    cfg = _cfg(
-        advantage, "cartpole/medium-v0",
-        **{
-            "data.options": "{dataset_id: cartpole/medium-v0, batch_transitions: 256}",
-            "train.steps": 300, "train.lr": "1e-3", "train.max_grad_norm": 100,
-            "eval.heldout_size": 5, "run.output_dir": str(tmp_path), "run.progress": "false",
-            "run.tensorboard": "false", "run.checkpoint_every": 0, "algorithm.offline.gamma": 0.99,
-        },
-    )  # fmt: skip
+    cfg = tiny_config(
+        *_offline(advantage, "cartpole/medium-v0"),
+        "data.options={dataset_id: cartpole/medium-v0, batch_transitions: 256}",
+        "train.steps=300",
+        "train.lr=1e-3",
+        "train.max_grad_norm=100",
+        "eval.heldout_size=5",
+        "run.checkpoint_every=0",
+        "algorithm.offline.gamma=0.99",
+    )
     summary = train(cfg).summary
     assert summary["eval_return_after"] > 100 > summary["eval_return_before"] + 50
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
@@ -436,17 +461,15 @@ def test_offline_cartpole_return_rises_above_random(tmp_path, advantage):
     assert main(["eval", summary["run_dir"]]) == 0  # the saved policy evaluates
 
 
-def test_offline_to_online_reports_both_phases(tmp_path):
+def test_offline_to_online_reports_both_phases(tiny_config):
     _heuristic_dataset("cartpole/medium-v0", 5, 0.2)
-    cfg = _cfg(
-        "iql", "cartpole/medium-v0",
-        **{
-            "data.options": "{dataset_id: cartpole/medium-v0, batch_transitions: 64, "
-            "offline_fraction: 0.5, offline_items: 6, num_envs: 2, segment_length: 32}",
-            "train.steps": 10, "run.output_dir": str(tmp_path), "run.progress": "false",
-            "run.tensorboard": "false", "run.checkpoint_every": 0,
-        },
-    )  # fmt: skip
+    cfg = tiny_config(
+        *_offline("iql", "cartpole/medium-v0"),
+        "data.options={dataset_id: cartpole/medium-v0, batch_transitions: 64, "
+        "offline_fraction: 0.5, offline_items: 6, num_envs: 2, segment_length: 32}",
+        "train.steps=10",
+        "run.checkpoint_every=0",
+    )
     summary = train(cfg).summary
     assert {"eval_return_before", "eval_return_after_offline", "eval_return_after"} <= set(summary)
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
@@ -458,12 +481,17 @@ def test_offline_to_online_reports_both_phases(tmp_path):
 def test_train_with_a_missing_dataset_is_a_one_line_error(tmp_path, capsys):
     code = main(
         [
-            "train", "model.name_or_path=mlp", "data.kind=minari",
-            "data.options={dataset_id: cartpole/absent-v0}", "rollout.episode=gym",
-            "rollout.group_size=1", "algorithm.name=bc", "sft.steps=0",
+            "train",
+            "model.name_or_path=mlp",
+            "data.kind=minari",
+            "data.options={dataset_id: cartpole/absent-v0}",
+            "rollout.episode=gym",
+            "rollout.group_size=1",
+            "algorithm.name=bc",
+            "sft.steps=0",
             f"run.output_dir={tmp_path / 'runs'}",
         ]
-    )  # fmt: skip
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: data.options.dataset_id='cartpole/absent-v0'")
     assert "MINARI_DATASETS_PATH" in err and len(err.strip().splitlines()) == 1
@@ -471,7 +499,7 @@ def test_train_with_a_missing_dataset_is_a_one_line_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("advantage", ["iql", "td3_bc"])
-def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, advantage):
+def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, tiny_config, advantage):
     """Q-networks (trainer extras), targets, the delay counter and the smoothing noise
     are checkpointed: continuing from step 4 ends with the uninterrupted run's weights."""
     import shutil
@@ -481,12 +509,14 @@ def test_resume_from_a_checkpoint_is_bit_exact(tmp_path, advantage):
     from streamrl.run.launch import resume_config
 
     dataset = _pendulum_dataset()
-    cfg = _cfg(
-        advantage, dataset,
-        **{"train.steps": 8, "run.checkpoint_every": 4, "run.keep_checkpoints": 5,
-           "stream.max_staleness": 0, "run.output_dir": str(tmp_path / "a"),
-           "run.progress": "false", "run.tensorboard": "false"},
-    )  # fmt: skip
+    cfg = tiny_config(
+        *_offline(advantage, dataset),
+        "train.steps=8",
+        "run.checkpoint_every=4",
+        "run.keep_checkpoints=5",
+        "stream.max_staleness=0",
+        output_dir=tmp_path / "a",
+    )
     full = Path(train(cfg).summary["run_dir"])
     part = tmp_path / "b"
     shutil.copytree(full, part)

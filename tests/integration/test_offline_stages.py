@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from streamrl.cli.main import main
-from streamrl.config import load_config
 from streamrl.run.checkpoint import latest_checkpoint
 from streamrl.run.session import run_training
 from streamrl.run.signals import GracefulStop, Interrupted
@@ -34,41 +33,34 @@ def _data(tmp_path: Path) -> tuple[Path, Path]:
     return prefs, log
 
 
-def _cfg(tmp_path: Path, name: str):
+def _stages(tmp_path: Path) -> list[str]:
+    """SFT, DPO and A-LoL on the data written here, then 2 RL steps; a checkpoint every 2
+    steps, and the final weights saved (the resume is compared by them)."""
     prefs, log = _data(tmp_path)
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            "sft.steps=2",
-            "sft.examples_per_step=8",
-            f"dpo.path={prefs}",
-            "dpo.steps=4",
-            "dpo.pairs_per_step=4",
-            "dpo.lr=0.003",
-            f"alol.path={log}",
-            "alol.steps=4",
-            "alol.examples_per_step=4",
-            "alol.lr=0.003",
-            "train.steps=2",
-            "train.items_per_step=2",
-            "train.micro_batch_sequences=4",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=3",
-            "stream.max_staleness=0",
-            "algorithm.dynamic_sampling=false",
-            "eval.heldout_size=4",
-            "eval.every=0",
-            "run.checkpoint_every=2",
-            "run.keep_checkpoints=2",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "runtime.threads=1",
-            f"run.output_dir={tmp_path}",
-            f"run.name={name}",
-        ],
-    )
+    return [
+        "data.options={digits: 1, operators: '+', heldout_size: 8}",
+        "sft.steps=2",
+        "sft.examples_per_step=8",
+        f"dpo.path={prefs}",
+        "dpo.steps=4",
+        "dpo.pairs_per_step=4",
+        "dpo.lr=0.003",
+        f"alol.path={log}",
+        "alol.steps=4",
+        "alol.examples_per_step=4",
+        "alol.lr=0.003",
+        "train.steps=2",
+        "train.items_per_step=2",
+        "train.micro_batch_sequences=4",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "stream.max_staleness=0",
+        "algorithm.dynamic_sampling=false",
+        "run.checkpoint_every=2",
+        "run.keep_checkpoints=2",
+        "run.save_weights=true",
+        "runtime.threads=1",
+    ]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -78,8 +70,10 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("stage", ["dpo", "alol"])
-def test_a_stage_stopped_midway_resumes_bit_exactly(tmp_path: Path, stage: str) -> None:
-    full = run_training(_cfg(tmp_path, "full"))
+def test_a_stage_stopped_midway_resumes_bit_exactly(
+    tmp_path: Path, tiny_config, stage: str
+) -> None:
+    full = run_training(tiny_config(*_stages(tmp_path), "run.name=full"))
     summary = full.summary
     for key in ("after_sft", "after_dpo", "after_alol", "before", "after"):
         assert f"eval_accuracy_{key}" in summary, key
@@ -92,7 +86,7 @@ def test_a_stage_stopped_midway_resumes_bit_exactly(tmp_path: Path, stage: str) 
         if (name, step) == (stage, 3):  # after step 3 of 4: between two checkpoints
             stop.request()
 
-    cfg = _cfg(tmp_path, "stopped")
+    cfg = tiny_config(*_stages(tmp_path), "run.name=stopped")
     with pytest.raises(Interrupted, match=f"interrupted during {stage.upper()} at step 3"):
         run_training(cfg, progress, stop=stop)
     run_dir = tmp_path / "stopped"
@@ -107,8 +101,8 @@ def test_a_stage_stopped_midway_resumes_bit_exactly(tmp_path: Path, stage: str) 
     assert resumed.summary["eval_accuracy_after_sft"] == summary["eval_accuracy_after_sft"]
 
 
-def test_log_completions_writes_the_stages_data(tmp_path: Path, capsys) -> None:
-    cfg = _cfg(tmp_path, "sft-only")
+def test_log_completions_writes_the_stages_data(tmp_path: Path, tiny_config, capsys) -> None:
+    cfg = tiny_config(*_stages(tmp_path), "run.name=sft-only")
     cfg.dpo.steps = cfg.alol.steps = 0
     run_dir = run_training(cfg).run_dir
     log, prefs = tmp_path / "logged.jsonl", tmp_path / "pairs.jsonl"

@@ -5,42 +5,30 @@ partial rollouts every admitted item finishes before the trainer trains."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from streamrl.config import load_config
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
+from tests.tiny_run import TinyConfig
 
 ETA = 2
 
 
-def _run(tmp_path: Path, partial: bool, backend: str = "local"):
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "data.kind=longtail",
-            "data.options={digits: 1, operators: '+', heldout_size: 8, long_fraction: 0.25, "
-            "short_tokens: 3, long_tokens: 24}",
-            "rollout.ignore_eos=true",
-            "rollout.group_size=2",
-            "train.items_per_step=4",
-            "train.steps=8",
-            "algorithm.dynamic_sampling=false",
-            f"stream.max_staleness={ETA}",
-            "runtime.placement=colocated",
-            f"runtime.backend={backend}",
-            f"rollout.partial_rollouts={str(partial).lower()}",
-            "eval.heldout_size=4",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-        ],
+def _run(tiny_config: TinyConfig, partial: bool, backend: str = "local"):
+    cfg = tiny_config(
+        "data.kind=longtail",
+        "data.options={digits: 1, operators: '+', heldout_size: 8, long_fraction: 0.25, "
+        "short_tokens: 3, long_tokens: 24}",
+        "rollout.ignore_eos=true",
+        "rollout.group_size=2",
+        "train.items_per_step=4",
+        "train.steps=8",
+        "algorithm.dynamic_sampling=false",
+        f"stream.max_staleness={ETA}",
+        "runtime.placement=colocated",
+        f"runtime.backend={backend}",
+        f"rollout.partial_rollouts={str(partial).lower()}",
     )
     result = train(cfg)
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -57,8 +45,8 @@ def test_longtail_source_budgets() -> None:
     assert 0.15 < budgets.count(24) / len(budgets) < 0.35
 
 
-def test_partial_rollouts_carry_tokens_across_versions(tmp_path: Path) -> None:
-    summary, rows = _run(tmp_path, partial=True)
+def test_partial_rollouts_carry_tokens_across_versions(tiny_config) -> None:
+    summary, rows = _run(tiny_config, partial=True)
     assert summary["carried_tokens"] > 0
     assert sum(r["rollout/multi_version_samples"] for r in rows) > 0
     # carried tokens count toward staleness: some batch is older than one version,
@@ -68,15 +56,15 @@ def test_partial_rollouts_carry_tokens_across_versions(tmp_path: Path) -> None:
     assert summary["stream/consumed"] == 8 * 4
 
 
-def test_without_partial_rollouts_nothing_is_carried(tmp_path: Path) -> None:
-    summary, rows = _run(tmp_path, partial=False)
+def test_without_partial_rollouts_nothing_is_carried(tiny_config) -> None:
+    summary, rows = _run(tiny_config, partial=False)
     assert summary["carried_tokens"] == 0
     assert all(r["rollout/multi_version_samples"] == 0 for r in rows)
     assert all(r["staleness/max"] <= ETA for r in rows)
 
 
 @pytest.mark.slow
-def test_partial_rollouts_on_the_process_backend(tmp_path: Path) -> None:
-    summary, rows = _run(tmp_path, partial=True, backend="process")
+def test_partial_rollouts_on_the_process_backend(tiny_config) -> None:
+    summary, rows = _run(tiny_config, partial=True, backend="process")
     assert summary["carried_tokens"] > 0
     assert all(r["staleness/max"] <= ETA for r in rows)

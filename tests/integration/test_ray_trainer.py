@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import load_config
 from streamrl.run.checkpoint import latest_checkpoint
 from streamrl.run.launch import TrainerFailed, train
 from tests.paths import ROOT
@@ -20,31 +19,19 @@ from tests.paths import ROOT
 pytestmark = pytest.mark.slow
 
 
-def _cfg(tmp_path: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "eval.heldout_size=4",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=16",
-            "rollout.ignore_eos=true",
-            "algorithm.dynamic_sampling=false",
-            "train.items_per_step=4",
-            "train.steps=30",
-            "run.checkpoint_every=2",
-            "run.tensorboard=false",
-            "run.progress=false",
-            "run.save_weights=false",
-            "run.name=ray",
-            "runtime.backend=ray",
-            f"run.output_dir={tmp_path}",
-            *extra,
-        ],
-    )
+# 30 steps of 4 items on the Ray backend, a checkpoint every 2: the kill lands mid-run
+RUN = [
+    "data.options={digits: 1, operators: '+', heldout_size: 8}",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=16",
+    "rollout.ignore_eos=true",
+    "algorithm.dynamic_sampling=false",
+    "train.items_per_step=4",
+    "train.steps=30",
+    "run.checkpoint_every=2",
+    "run.name=ray",
+    "runtime.backend=ray",
+]
 
 
 def _kill_trainer_after_a_checkpoint(run_dir: Path) -> threading.Thread:
@@ -59,10 +46,10 @@ def _kill_trainer_after_a_checkpoint(run_dir: Path) -> threading.Thread:
     return t
 
 
-def test_a_killed_trainer_actor_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+def test_a_killed_trainer_actor_resumes_from_its_checkpoint(tmp_path: Path, tiny_config) -> None:
     pytest.importorskip("ray")
     killer = _kill_trainer_after_a_checkpoint(tmp_path / "ray")
-    result = train(_cfg(tmp_path))
+    result = train(tiny_config(*RUN))
     killer.join(5)
     assert result.summary["trainer_restarts"] == 1
     summary = json.loads((tmp_path / "ray" / "summary.json").read_text())
@@ -72,11 +59,13 @@ def test_a_killed_trainer_actor_resumes_from_its_checkpoint(tmp_path: Path) -> N
     assert len(consumed) == len(set(consumed)) == 120  # nothing lost or consumed twice
 
 
-def test_trainer_restarts_are_bounded_and_the_error_names_the_cause(tmp_path: Path) -> None:
+def test_trainer_restarts_are_bounded_and_the_error_names_the_cause(
+    tmp_path: Path, tiny_config
+) -> None:
     pytest.importorskip("ray")
     killer = _kill_trainer_after_a_checkpoint(tmp_path / "ray")
     with pytest.raises(TrainerFailed, match=r"died 1 times \(runtime.max_trainer_restarts=0\)"):
-        train(_cfg(tmp_path, "runtime.max_trainer_restarts=0"))
+        train(tiny_config(*RUN, "runtime.max_trainer_restarts=0"))
     killer.join(5)
 
 

@@ -19,7 +19,6 @@ from streamrl.core.types import GenerationResult, Item, SamplingParams
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.rewards import build_reward
 from tests.paths import ROOT
-from tests.tiny_run import QUIET_TINY
 
 README = ROOT / "README.md"
 
@@ -83,16 +82,17 @@ def test_reward_less_a_penalty_per_token_past_the_fourth(brief, text, expected) 
 
 
 @pytest.mark.slow  # a CLI run: ~35 s on 2 shared cores
-def test_the_documented_command_trains_with_it(tmp_path: Path) -> None:
+def test_the_documented_command_trains_with_it(tmp_path: Path, tiny_config) -> None:
     (tmp_path / "brief.py").write_text(readme_episode())
     sizes = ["train.steps=2", "train.items_per_step=2", "rollout.group_size=2"]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    args = ["train", "--import", "brief", "rollout.episode=brief", *QUIET_TINY, *sizes]
+    tiny = tiny_config.args(*sizes, "run.name=brief", output_dir=Path("runs"))  # under cwd
+    args = ["train", "--import", "brief", "rollout.episode=brief", *tiny]
     done = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli.main", *args, "run.output_dir=runs", "run.name=brief"],
+        [sys.executable, "-m", "streamrl.cli.main", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

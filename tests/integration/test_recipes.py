@@ -18,7 +18,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
 from streamrl.recipes import grpo
 from streamrl.run.launch import train
@@ -26,33 +25,21 @@ from streamrl.run.launch import train
 STEPS = 3
 
 
-def _config(tmp_path: Path, backend: str = "local", *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            # a random model is never right; "contains a digit" gives a varying reward
-            "reward.components=[{name: numeric_match}, "
-            "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=4",
-            "train.items_per_step=3",
-            f"train.steps={STEPS}",
-            "train.lr=0.01",
-            "stream.max_staleness=0",
-            "runtime.threads=1",
-            "eval.heldout_size=4",
-            f"run.output_dir={tmp_path}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.save_weights=true",
-            f"runtime.backend={backend}",
-            *extra,
-        ],
-    )
+# the run both paths train; its saved weights are what _compare reads
+RUN = [
+    "data.options={digits: 1, operators: '+', heldout_size: 8}",
+    # a random model is never right; "contains a digit" gives a varying reward
+    "reward.components=[{name: numeric_match}, "
+    "{name: format_reward, weight: 0.5, options: {pattern: '(?s).*[0-9].*'}}]",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=4",
+    "train.items_per_step=3",
+    f"train.steps={STEPS}",
+    "train.lr=0.01",
+    "stream.max_staleness=0",
+    "runtime.threads=1",
+    "run.save_weights=true",
+]
 
 
 def _compare(result, cfg) -> None:
@@ -76,11 +63,11 @@ def _compare(result, cfg) -> None:
         pytest.param("ray", marks=pytest.mark.slow),
     ],
 )
-def test_eta0_pipeline_equals_the_grpo_recipe(tmp_path: Path, backend: str) -> None:
+def test_eta0_pipeline_equals_the_grpo_recipe(tiny_config, backend: str) -> None:
     """The same config, unchanged but for runtime.backend, on every backend."""
     if backend == "ray":
         pytest.importorskip("ray")
-    cfg = _config(tmp_path, backend)
+    cfg = tiny_config(*RUN, f"runtime.backend={backend}")
     result = train(cfg)
     _compare(result, cfg)
     assert result.summary["stream/consumed"] == STEPS * cfg.train.items_per_step
@@ -88,17 +75,19 @@ def test_eta0_pipeline_equals_the_grpo_recipe(tmp_path: Path, backend: str) -> N
     assert result.summary["stream/filtered/zero_reward_std"] > 0
 
 
-def test_eta0_on_three_engines_equals_the_one_engine_recipe(tmp_path: Path) -> None:
+def test_eta0_on_three_engines_equals_the_one_engine_recipe(tiny_config) -> None:
     """Three rollout workers, each with its own engine and a third of the groups: every
     engine step batches other requests than the recipe's one engine does (without
     rollout.batch_invariant the weights differ on every seed tried), and the weights are
     the same."""
     extra = ("runtime.num_rollout_workers=3", "rollout.max_new_tokens=8")
-    cfg = _config(tmp_path, "local", *extra)
+    cfg = tiny_config(*RUN, *extra)
     _compare(train(cfg), cfg)
 
 
-def test_eta0_with_a_cpu_hog_beside_it_and_against_a_second_run(tmp_path: Path) -> None:
+def test_eta0_with_a_cpu_hog_beside_it_and_against_a_second_run(
+    tmp_path: Path, tiny_config
+) -> None:
     """A busy loop on the cores changes every timing (which refill lands in which engine
     step), not the result: the same weights as the recipe, and as a run on a quiet
     machine the same items in every batch and the same training numbers at every step.
@@ -106,12 +95,12 @@ def test_eta0_with_a_cpu_hog_beside_it_and_against_a_second_run(tmp_path: Path) 
     the next batch's items may have started by then.)"""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        loaded = train(_config(tmp_path / "loaded"))
+        loaded = train(tiny_config(*RUN, output_dir=tmp_path / "loaded"))
     finally:
         hog.kill()
         hog.wait()
-    quiet = train(_config(tmp_path / "quiet"))
-    _compare(loaded, _config(tmp_path / "loaded"))
+    quiet = train(tiny_config(*RUN, output_dir=tmp_path / "quiet"))
+    _compare(loaded, tiny_config(*RUN, output_dir=tmp_path / "loaded"))
     a, b = (load_file(str(r.run_dir / "model" / "model.safetensors")) for r in (loaded, quiet))
     assert all(torch.equal(a[k], b[k]) for k in a)
     batches = [
@@ -129,27 +118,26 @@ def test_eta0_with_a_cpu_hog_beside_it_and_against_a_second_run(tmp_path: Path) 
         assert [x[k] for k in keys] == [y[k] for k in keys]
 
 
-def test_eta0_mismatch_kl_is_zero_where_weights_agree(tmp_path: Path) -> None:
+def test_eta0_mismatch_kl_is_zero_where_weights_agree(tmp_path: Path, tiny_config) -> None:
     """At eta = 0 the trainer's log-prob of every generated token, on the weights that
     generated it, is the engine's bit for bit: mismatch/kl is exactly 0 at every step."""
-    result = train(_config(tmp_path))
+    result = train(tiny_config(*RUN))
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "mismatch/kl" in r]
     assert len(steps) == STEPS
     for r in steps:
         assert r["mismatch/kl"] == 0.0 and r["mismatch/abs_log_ratio_mean"] == 0.0
         assert r["mismatch/ratio_min"] == r["mismatch/ratio_max"] == 1.0
-    off = train(_config(tmp_path / "off", "local", "rollout.batch_invariant=false"))
+    off = train(tiny_config(*RUN, "rollout.batch_invariant=false", output_dir=tmp_path / "off"))
     rows = [json.loads(x) for x in (off.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("mismatch/kl", 0.0) > 0.0 for r in rows)  # the default numerics differ
 
 
-def test_recipe_equivalence_with_sft_kl_and_remax(tmp_path: Path) -> None:
+def test_recipe_equivalence_with_sft_kl_and_remax(tiny_config) -> None:
     """SFT first, a KL reference, ReMax's extra greedy rollout, a cosine schedule with
     warm-up and two minibatches (a separate proximal forward): still bit-identical."""
-    cfg = _config(
-        tmp_path,
-        "local",
+    cfg = tiny_config(
+        *RUN,
         "sft.steps=3",
         "sft.examples_per_step=8",
         "algorithm.name=remax",
@@ -162,35 +150,35 @@ def test_recipe_equivalence_with_sft_kl_and_remax(tmp_path: Path) -> None:
     _compare(result, cfg)
 
 
-def test_recipe_runs_from_the_command_line(tmp_path: Path, capsys) -> None:
-    cfg_args = [
-        "model.name_or_path=tiny-small",
+def test_recipe_runs_from_the_command_line(tiny_config, capsys) -> None:
+    cfg_args = tiny_config.args(
         "sft.steps=2",
         "sft.examples_per_step=8",
         "train.steps=2",
         "train.items_per_step=2",
         "rollout.group_size=2",
         "algorithm.dynamic_sampling=false",
-        "eval.heldout_size=4",
-    ]
+    )
     assert grpo.main(cfg_args) == 0
     out = capsys.readouterr().out
     assert "[grpo] step 2/2" in out and "held-out greedy accuracy after GRPO" in out
 
 
-def test_onednn_engine_weights_keep_the_recipe_equivalence(tmp_path: Path) -> None:
+def test_onednn_engine_weights_keep_the_recipe_equivalence(tiny_config) -> None:
     """rollout.engine_weights=onednn (the engine's fastest fp32 layout) on both paths."""
-    cfg = _config(tmp_path, "local", "rollout.engine_weights=onednn")
+    cfg = tiny_config(*RUN, "rollout.engine_weights=onednn")
     _compare(train(cfg), cfg)
 
 
-def test_stratified_groups_keep_the_recipe_equivalence(tmp_path: Path) -> None:
+def test_stratified_groups_keep_the_recipe_equivalence(tmp_path: Path, tiny_config) -> None:
     """rollout.group_sampling=stratified goes through both paths alike, and it changes
     the draws: the weights differ from the independent recipe's."""
-    cfg = _config(tmp_path, "local", "rollout.group_sampling=stratified")
+    cfg = tiny_config(*RUN, "rollout.group_sampling=stratified")
     result = train(cfg)
     _compare(result, cfg)
     streamed = load_file(str(result.run_dir / "model" / "model.safetensors"))
-    independent, _ = grpo.grpo(_config(tmp_path / "independent"), log=lambda *a: None)
+    independent, _ = grpo.grpo(
+        tiny_config(*RUN, output_dir=tmp_path / "independent"), log=lambda *a: None
+    )
     plain = independent.model.state_dict()
     assert any(not torch.equal(v, plain[k]) for k, v in streamed.items())

@@ -30,6 +30,7 @@ from streamrl.run.checkpoint import (
 from streamrl.run.launch import resume_config
 from streamrl.stream.sample_stream import Group, SampleStream
 from tests.paths import ROOT
+from tests.tiny_run import tiny_args
 
 ROOT = ROOT
 
@@ -96,8 +97,9 @@ def test_resume_refuses_keys_that_would_break_the_run(tmp_path: Path) -> None:
 
 
 def _args(out: Path, name: str, *extra: str) -> list[str]:
-    return [
-        "model.name_or_path=tiny-small",
+    """The run the resume tests kill; its final weights are saved (they are compared)."""
+    return tiny_args(
+        out,
         "sft.steps=4",
         "sft.examples_per_step=8",
         "data.options={digits: 1, operators: '+', heldout_size: 8}",
@@ -109,16 +111,12 @@ def _args(out: Path, name: str, *extra: str) -> list[str]:
         "train.items_per_step=4",
         "train.steps=16",
         "train.lr=0.01",
-        "eval.heldout_size=4",
-        "eval.every=0",
         "run.checkpoint_every=2",
-        "run.tensorboard=false",
-        "run.progress=false",
+        "run.save_weights=true",
         "runtime.threads=1",
-        f"run.output_dir={out}",
         f"run.name={name}",
         *extra,
-    ]
+    )
 
 
 def _streamrl(*args: str) -> subprocess.Popen:

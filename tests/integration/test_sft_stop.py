@@ -17,13 +17,15 @@ from safetensors.torch import load_file
 from streamrl.cli.main import main
 from streamrl.run.checkpoint import latest_checkpoint
 from tests.paths import ROOT
+from tests.tiny_run import tiny_args
 
 ROOT = ROOT
 
 
 def _args(out: Path, name: str, *extra: str) -> list[str]:
-    return [
-        "model.name_or_path=tiny-small",
+    """SFT with an evaluation every 5 steps, then 2 RL steps; the final weights saved."""
+    return tiny_args(
+        out,
         "sft.steps=60",
         "sft.examples_per_step=8",
         "sft.eval_every=5",
@@ -35,16 +37,13 @@ def _args(out: Path, name: str, *extra: str) -> list[str]:
         "stream.max_staleness=0",
         "algorithm.dynamic_sampling=false",
         "eval.heldout_size=8",
-        "eval.every=0",
         "eval.samples=2",
         "run.checkpoint_every=0",
-        "run.tensorboard=false",
-        "run.progress=false",
+        "run.save_weights=true",
         "runtime.threads=1",
-        f"run.output_dir={out}",
         f"run.name={name}",
         *extra,
-    ]
+    )
 
 
 def _sft_rows(run_dir: Path) -> list[dict]:

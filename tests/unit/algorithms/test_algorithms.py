@@ -4,7 +4,6 @@ batch preparation (advantages, reference and proximal forwards) and the loss."""
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import algorithm_of, tiny_rl_config
+from tests.tiny_run import algorithm_of
 
 
 def traj(reward: float, item: int, prompt: int = 2, gen: int = 3) -> Trajectory:
@@ -146,9 +145,8 @@ class SignOfReward(PolicyGradient):
         return torch.sign(batch.rewards - mean)
 
 
-def test_a_registered_algorithm_runs_through_the_unchanged_controller(tmp_path: Path) -> None:
-    cfg = tiny_rl_config(
-        tmp_path,
+def test_a_registered_algorithm_runs_through_the_unchanged_controller(tiny_config) -> None:
+    cfg = tiny_config(
         "algorithm.name=test_sign",
         "algorithm.dynamic_sampling=false",
         "rollout.group_size=2",

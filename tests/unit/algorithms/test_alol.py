@@ -96,14 +96,29 @@ def _write(path: Path, rows: list) -> Path:
 def test_logged_rows_errors_name_file_line_and_field(tmp_path: Path):
     good = '{"prompt": "1+1=", "completion": "2", "reward": 1}'
     cases = [
-        ('{"prompt": "1+1=", "completion": "2", "reward": NaN}', "field 'reward': expected a finite number, got nan"),
-        ('{"prompt": "1+1=", "completion": "2", "reward": Infinity}', "field 'reward': expected a finite number"),
-        ('{"prompt": "1+1=", "completion": "2", "reward": "high"}', "field 'reward': expected a number, got str"),
-        ('{"prompt": "1+1=", "completion": "2", "reward": true}', "field 'reward': expected a number, got bool"),
+        (
+            '{"prompt": "1+1=", "completion": "2", "reward": NaN}',
+            "field 'reward': expected a finite number, got nan",
+        ),
+        (
+            '{"prompt": "1+1=", "completion": "2", "reward": Infinity}',
+            "field 'reward': expected a finite number",
+        ),
+        (
+            '{"prompt": "1+1=", "completion": "2", "reward": "high"}',
+            "field 'reward': expected a number, got str",
+        ),
+        (
+            '{"prompt": "1+1=", "completion": "2", "reward": true}',
+            "field 'reward': expected a number, got bool",
+        ),
         ('{"prompt": "1+1=", "completion": "2"}', "field 'reward': missing"),
         ('{"prompt": "1+1=", "reward": 1}', "field 'completion': missing"),
-        ('{"prompt": "1+1=", "completion": ["2"], "reward": 1}', "field 'completion': expected a string, got list"),
-    ]  # fmt: skip
+        (
+            '{"prompt": "1+1=", "completion": ["2"], "reward": 1}',
+            "field 'completion': expected a string, got list",
+        ),
+    ]
     for row, message in cases:
         path = _write(tmp_path / "log.jsonl", [good, "", row])  # line 2 is blank
         with pytest.raises(DataError, match=rf"log.jsonl:3: {message}"):
@@ -163,9 +178,13 @@ def test_a_short_alol_stage_trains_on_positive_advantages_only(tmp_path: Path):
     )
     logged = load_completions(path)
     everything = Batch.collate(
-        [encode_logged(tokenizer, r.item, r.completion, max_len=None, source="", line=0, field="")
-         for r in logged]
-    )  # fmt: skip
+        [
+            encode_logged(
+                tokenizer, r.item, r.completion, max_len=None, source="", line=0, field=""
+            )
+            for r in logged
+        ]
+    )
     rewards = torch.tensor([r.reward for r in logged])
 
     def mean_logprob(reward: float) -> float:

@@ -17,7 +17,7 @@ from streamrl.core.types import Trajectory
 from streamrl.models.loading import load_model_and_tokenizer
 from streamrl.run.launch import train
 from streamrl.stream.sample_stream import Group
-from tests.tiny_run import algorithm_of, metric_rows, tiny_rl_config
+from tests.tiny_run import algorithm_of, metric_rows
 
 
 def _traj(behave: list[float], mask: list[bool], domain: str | None, index: int) -> Trajectory:
@@ -130,7 +130,9 @@ def test_a_teacher_of_another_vocabulary_is_refused() -> None:
 
 
 @pytest.mark.slow
-def test_a_teacher_identical_to_the_student_gives_a_reverse_kl_of_zero(tmp_path: Path) -> None:
+def test_a_teacher_identical_to_the_student_gives_a_reverse_kl_of_zero(
+    tmp_path: Path, tiny_config
+) -> None:
     """A real run whose teacher is the student's own starting weights (a saved checkpoint
     of the same preset and seed): the engine's sampled log-probs and the teacher's scores
     of the same tokens agree, so the first step's reverse KL is 0; a teacher of other
@@ -140,8 +142,7 @@ def test_a_teacher_identical_to_the_student_gives_a_reverse_kl_of_zero(tmp_path:
     tokenizer.save_pretrained(tmp_path / "self")
     kl = {}
     for name, teacher in (("self", tmp_path / "self"), ("other", "tiny")):
-        cfg = tiny_rl_config(
-            tmp_path / name,
+        cfg = tiny_config(
             "seed=0",
             "algorithm.name=distill",
             f"algorithm.distill.teacher={teacher}",
@@ -149,6 +150,7 @@ def test_a_teacher_identical_to_the_student_gives_a_reverse_kl_of_zero(tmp_path:
             "train.items_per_step=4",
             "rollout.group_size=2",
             "rollout.max_new_tokens=6",
+            output_dir=tmp_path / name,
         )
         train(cfg)
         rows = metric_rows(tmp_path / name / cfg.run.name)

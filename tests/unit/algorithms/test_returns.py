@@ -100,9 +100,20 @@ def test_actor_critic_loss_by_hand():
     )
     ent = torch.tensor([0.5, 0.7, 9.0])
     loss, m = actor_critic_loss(
-        lp, old, adv, values, old_v, ret, ent, mask,
-        clip=0.2, vf_coef=0.5, vf_clip=None, entropy_coef=0.1, norm_advantages=False,
-    )  # fmt: skip
+        lp,
+        old,
+        adv,
+        values,
+        old_v,
+        ret,
+        ent,
+        mask,
+        clip=0.2,
+        vf_coef=0.5,
+        vf_clip=None,
+        entropy_coef=0.1,
+        norm_advantages=False,
+    )
     # policy: -min(1.5*1, 1.2*1) = -1.2 ; -min(1*-1, 1*-1) = 1 -> mean -0.1
     # value: 0.5 * mean((2-0)^2, 0) = 1.0 ; entropy mean 0.6
     assert m["policy_loss"] == pytest.approx(-0.1)
@@ -110,18 +121,51 @@ def test_actor_critic_loss_by_hand():
     assert loss.item() == pytest.approx(-0.1 + 0.5 * 1.0 - 0.1 * 0.6)
     # value clipping: V may move only 0.5 from the old value: max((2-0)^2, (1.5-0)^2)
     _, m2 = actor_critic_loss(
-        lp, old, adv, values, old_v, ret, ent, mask,
-        clip=0.2, vf_coef=0.5, vf_clip=0.5, entropy_coef=0.0, norm_advantages=False,
-    )  # fmt: skip
+        lp,
+        old,
+        adv,
+        values,
+        old_v,
+        ret,
+        ent,
+        mask,
+        clip=0.2,
+        vf_coef=0.5,
+        vf_clip=0.5,
+        entropy_coef=0.0,
+        norm_advantages=False,
+    )
     assert m2["value_loss"] == pytest.approx(1.0)  # the unclipped error is larger here
     _, m3 = actor_critic_loss(
-        lp, old, adv, torch.tensor([0.2, 0.0, 0.0]), old_v, ret, ent, mask,
-        clip=0.2, vf_coef=0.5, vf_clip=0.5, entropy_coef=0.0, norm_advantages=False,
-    )  # fmt: skip
+        lp,
+        old,
+        adv,
+        torch.tensor([0.2, 0.0, 0.0]),
+        old_v,
+        ret,
+        ent,
+        mask,
+        clip=0.2,
+        vf_coef=0.5,
+        vf_clip=0.5,
+        entropy_coef=0.0,
+        norm_advantages=False,
+    )
     assert m3["value_loss"] == pytest.approx(0.5 * 0.5 * 0.5**2)  # clipped to 0.5: (0.5)^2
     # advantage normalisation: zero mean, unit (unbiased) std over the mask
     _, m4 = actor_critic_loss(
-        torch.zeros(3), old, torch.tensor([3.0, 1.0, 7.0]), values, old_v, ret, ent, mask,
-        clip=0.2, vf_coef=0.0, vf_clip=None, entropy_coef=0.0, norm_advantages=True,
-    )  # fmt: skip
+        torch.zeros(3),
+        old,
+        torch.tensor([3.0, 1.0, 7.0]),
+        values,
+        old_v,
+        ret,
+        ent,
+        mask,
+        clip=0.2,
+        vf_coef=0.0,
+        vf_clip=None,
+        entropy_coef=0.0,
+        norm_advantages=True,
+    )
     assert m4["policy_loss"] == pytest.approx(0.0, abs=1e-6)

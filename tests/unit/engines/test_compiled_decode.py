@@ -6,7 +6,6 @@ layers go through it as an opaque op; and it refuses models it cannot compile.""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from streamrl.engines.inference.engine import LocalEngine
 from streamrl.engines.inference.quantize import PackedLinear, pack_linears
 from streamrl.run.launch import train
 from streamrl.run.preflight import PreflightError, check_engine_compile
-from tests.tiny_run import metric_rows, tiny_rl_config
+from tests.tiny_run import metric_rows
 from tests.unit.engines.test_engine_weights import packed_copy
 from tests.unit.engines.test_inference_engine import (
     PROMPTS,
@@ -65,8 +64,9 @@ def test_compiled_steps_decode_like_eager_ones_and_follow_weight_updates(weights
         ref = packed_copy(weights_of, weights)
         for p, w, g in zip(PROMPTS, want, got, strict=True):
             assert g.token_ids == w.token_ids and g.versions == [version] * len(g.token_ids)
-            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs),
-                                       atol=1e-5, rtol=0)  # fmt: skip
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5, rtol=0
+            )
             # exact for the weights it holds: the new ones after the update
             own = full_logprobs(ref, p, g.token_ids, SP)
             torch.testing.assert_close(torch.tensor(g.logprobs), own, atol=1e-4, rtol=0)
@@ -88,10 +88,12 @@ def draws_match_for_every_kind_of_row(eager: LocalEngine, compiled: LocalEngine,
     kinds = {
         "raw and greedy rows (drawn in the graph)": [SP, greedy],
         "tempered and top-k rows too (drawn again)": [
-            SP, greedy, SamplingParams(temperature=0.7, max_new_tokens=12),
+            SP,
+            greedy,
+            SamplingParams(temperature=0.7, max_new_tokens=12),
             SamplingParams(temperature=1.0, top_k=5, max_new_tokens=12),
         ],
-    }  # fmt: skip
+    }
     for kind, params in kinds.items():
         reqs = [
             GenerationRequest(p, params[i % len(params)], seed=i) for i, p in enumerate(PROMPTS)
@@ -105,18 +107,18 @@ def draws_match_for_every_kind_of_row(eager: LocalEngine, compiled: LocalEngine,
         assert len(calls) - before >= 20, kind
         for w, g in zip(want, got, strict=True):
             assert g.token_ids == w.token_ids, kind
-            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs),
-                                       atol=1e-5, rtol=0)  # fmt: skip
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5, rtol=0
+            )
         assert got[1].token_ids == [5, 6, 7, 8, 9, 10, 11, 12]
 
 
 @pytest.mark.slow
-def test_a_run_with_compiled_decode_steps_follows_every_weight_update(tmp_path: Path) -> None:
+def test_a_run_with_compiled_decode_steps_follows_every_weight_update(tiny_config) -> None:
     """At eta = 0 every token comes from the trainer's own weights, so mismatch/* is the
     numerics alone: an engine graph that kept using old weights would show a large gap.
     fp32 engine weights: the fused projections are rewritten in the same modules."""
-    cfg = tiny_rl_config(
-        tmp_path,
+    cfg = tiny_config(
         "rollout.group_size=4",
         "rollout.max_new_tokens=6",
         "rollout.decode_slots=8",

@@ -29,9 +29,14 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15], [3] * 11, 
 def _tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -89,11 +94,17 @@ def _smoke(tmp_path: Path, *extra: str):
     return load_config(
         str(ROOT / "examples" / "smoke.yaml"),
         [
-            "runtime.device=cuda", "sft.steps=150", "train.steps=12", "eval.heldout_size=50",
-            f"run.output_dir={tmp_path}", "run.progress=false", "run.tensorboard=false",
-            "run.checkpoint_every=0", *extra,
+            "runtime.device=cuda",
+            "sft.steps=150",
+            "train.steps=12",
+            "eval.heldout_size=50",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.tensorboard=false",
+            "run.checkpoint_every=0",
+            *extra,
         ],
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("backend", ["local", "process"])
@@ -115,11 +126,16 @@ def test_gym_run_on_cuda(tmp_path: Path) -> None:
     cfg = load_config(
         str(ROOT / "examples" / "cartpole.yaml"),
         [
-            "runtime.device=cuda", "runtime.backend=local", "train.steps=6",
-            "eval.every=0", "eval.heldout_size=2", f"run.output_dir={tmp_path}",
-            "run.progress=false", "run.tensorboard=false",
+            "runtime.device=cuda",
+            "runtime.backend=local",
+            "train.steps=6",
+            "eval.every=0",
+            "eval.heldout_size=2",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.tensorboard=false",
         ],
-    )  # fmt: skip
+    )
     summary = _summary(train(cfg))
     assert summary["status"] == "completed", summary
     assert "eval_return_after" in summary

@@ -73,10 +73,15 @@ def test_packed_engine_logprobs_are_exact_for_its_own_weights_and_near_fp32(weig
 def test_weight_updates_repack_including_a_tied_head(weights):
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     engine = LocalEngine(LlamaForCausalLM(cfg).eval(), decode_slots=4, weights=weights)
     new = LlamaForCausalLM(cfg).eval()  # other random weights
     # named_parameters() lists a tied head once, as the embedding: an update may lack it
@@ -245,6 +250,7 @@ def _mismatch(tmp_path: Path, weights: str, backend: str) -> list[dict[str, floa
     ]
 
 
+@pytest.mark.slow  # three runs, one on the process backend
 def test_runs_on_packed_engine_weights_report_a_small_mismatch(tmp_path: Path):
     """At eta = 0 every token comes from the trainer's own weights, so mismatch/* is the
     numerics alone: ~1e-7 per token for the fp32 engine and for oneDNN's fp32 products,

@@ -35,9 +35,15 @@ def model_of(arch: str, seed: int = 0) -> nn.Module:
     config_cls, model_cls = ARCHS[arch]
     torch.manual_seed(seed)
     cfg = config_cls(
-        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-    )  # fmt: skip
+        vocab_size=V,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
     model = model_cls(cfg).eval()
     with torch.no_grad():  # non-zero biases and norm weights, so a dropped one shows
         for name, p in model.named_parameters():
@@ -54,8 +60,10 @@ def test_fused_engine_matches_hf_generate_and_the_unfused_engine(arch):
     fused = LocalEngine(model, decode_slots=2)
     assert fused.runner.fused is not None
     lengths = [5, 12, 3, 9, 7, 15]
-    greedy = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=n))
-              for p, n in zip(PROMPTS, lengths, strict=True)]  # fmt: skip
+    greedy = [
+        GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=n))
+        for p, n in zip(PROMPTS, lengths, strict=True)
+    ]
     for p, n, r in zip(PROMPTS, lengths, fused.generate(greedy), strict=True):
         assert r.token_ids == hf_greedy(model, p, n)
 
@@ -68,8 +76,9 @@ def test_fused_engine_matches_hf_generate_and_the_unfused_engine(arch):
     b = unfused.generate(reqs)
     for p, x, y in zip(PROMPTS + PROMPTS, a, b, strict=True):
         assert x.token_ids == y.token_ids
-        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0
+        )
         ref = full_logprobs(model, p, x.token_ids, sp)
         torch.testing.assert_close(torch.tensor(x.logprobs), ref, atol=1e-4, rtol=0)
 
@@ -81,8 +90,11 @@ def test_a_full_weight_update_reaches_the_fused_projections():
     new = model_of("llama", seed=1)
     engine.update_weights({k: v.detach().clone() for k, v in new.state_dict().items()}, 1)
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
-    for p, r in zip(PROMPTS, engine.generate([GenerationRequest(p, sp, seed=i)
-                                              for i, p in enumerate(PROMPTS)]), strict=True):  # fmt: skip
+    for p, r in zip(
+        PROMPTS,
+        engine.generate([GenerationRequest(p, sp, seed=i) for i, p in enumerate(PROMPTS)]),
+        strict=True,
+    ):
         assert r.versions == [1] * len(r.token_ids)
         ref = full_logprobs(new, p, r.token_ids, sp)
         torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=1e-4, rtol=0)

@@ -101,9 +101,15 @@ def test_greedy_matches_hf_generate_with_refills(arch, llama):
     else:
         torch.manual_seed(0)
         cfg = Qwen3Config(
-            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-        )  # fmt: skip
+            vocab_size=V,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+        )
         model = Qwen3ForCausalLM(cfg).eval()
     engine = LocalEngine(model, decode_slots=2)
     assert engine.fast_path
@@ -356,9 +362,14 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     """A model outside the Llama family: the engine's per-slot fallback runs it."""
     torch.manual_seed(0)
     cfg = GPT2Config(
-        vocab_size=V, n_embd=32, n_layer=2, n_head=2, n_positions=128,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=V,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=128,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 

@@ -305,7 +305,9 @@ def test_compiled_decoder_layers_train_like_eager_ones() -> None:
     counters.clear()
     model = tiny_model(vocab_size=4096)  # large enough for the packed, head-on-targets path
     eager = TrainEngine(copy.deepcopy(model), lr=1e-3, micro_batch_sequences=2)
-    compiled = TrainEngine(copy.deepcopy(model), lr=1e-3, micro_batch_sequences=2, compile_layers=True)  # fmt: skip
+    compiled = TrainEngine(
+        copy.deepcopy(model), lr=1e-3, micro_batch_sequences=2, compile_layers=True
+    )
     loss_fn = make_rl_loss_fn("ppo_clip")
     graphs = []
     for batch in (make_batch(5, 10, seed=1), make_batch(4, 9, seed=2)):

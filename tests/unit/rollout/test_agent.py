@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -18,7 +17,7 @@ from streamrl.rollout.rewards import CompositeReward
 from streamrl.rollout.tools import build_tools, get_tool_parser
 from streamrl.run.launch import train
 from tests.paths import TESTS
-from tests.tiny_run import metric_rows, tiny_rl_config
+from tests.tiny_run import metric_rows
 
 FIXTURES = TESTS / "fixtures"
 
@@ -213,9 +212,8 @@ def test_final_answer_and_the_token_budget() -> None:
     assert traj.loss_mask.sum() == 50 and traj.metadata["metrics"]["agent/truncated"] == 1.0
 
 
-def test_agent_episodes_train_through_the_pipeline(tmp_path: Path) -> None:
-    cfg = tiny_rl_config(
-        tmp_path,
+def test_agent_episodes_train_through_the_pipeline(tiny_config) -> None:
+    cfg = tiny_config(
         "rollout.episode=agent",
         "rollout.stop=['\\n']",
         "rollout.max_new_tokens=12",

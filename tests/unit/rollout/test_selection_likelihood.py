@@ -156,33 +156,21 @@ def test_likelihood_selection_needs_single_turn_episodes() -> None:
             check_selection(cfg)
 
 
-def _run_cfg(tmp_path: Path, name: str, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "data.options={digits: 1, operators: '+', heldout_size: 8}",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=4",
-            "algorithm.dynamic_sampling=false",
-            "train.items_per_step=4",
-            "train.steps=4",
-            "eval.heldout_size=4",
-            "eval.every=0",
-            "selection.kind=likelihood",
-            f"run.name={name}",
-            "run.tensorboard=false",
-            "run.progress=false",
-            "run.save_weights=false",
-            f"run.output_dir={tmp_path}",
-            *extra,
-        ],
-    )
+# 4 steps of 4 items, the likelihood gate choosing which items are generated
+LIKELIHOOD_RUN = [
+    "data.options={digits: 1, operators: '+', heldout_size: 8}",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=4",
+    "algorithm.dynamic_sampling=false",
+    "train.items_per_step=4",
+    "train.steps=4",
+    "selection.kind=likelihood",
+]
 
 
 @pytest.mark.parametrize("ahead", [0, 8])
 def test_a_short_run_with_likelihood_selection_keeps_the_books(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
+    tmp_path: Path, tiny_config, monkeypatch: pytest.MonkeyPatch, ahead: int
 ) -> None:
     """The wiring through a real run (the prediction itself is tested above): a problem
     whose first operand is even is predicted certainly all-correct, the rest certainly
@@ -203,7 +191,7 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
 
     monkeypatch.setattr(LikelihoodGate, "p_reference", predicted)  # p = 1 or 0
     monkeypatch.setattr(rollout, "_rollout", recorded)
-    cfg = _run_cfg(tmp_path, "lik", "sft.steps=0", f"selection.score_ahead={ahead}")
+    cfg = tiny_config(*LIKELIHOOD_RUN, "run.name=lik", f"selection.score_ahead={ahead}")
     summary = run_training(cfg).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
     assert summary["stream/issued"] == ended and summary["stream/consumed"] == 16
@@ -234,14 +222,15 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
     assert 0 < metrics[-1]["selection/scored"] <= summary["selection/scored"]
 
 
-def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path) -> None:
+@pytest.mark.slow  # two runs of 150 SFT steps each
+def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path, tiny_config) -> None:
     """The decision is a pure function of the weights and the item: two η = 0 runs skip
     exactly the same items (a resume too: tests/integration/test_resume.py)."""
 
     def run(name: str) -> list[dict]:
-        cfg = _run_cfg(
-            tmp_path,
-            name,
+        cfg = tiny_config(
+            *LIKELIHOOD_RUN,
+            f"run.name={name}",
             *("sft.steps=150", "sft.examples_per_step=16", "sft.lr=0.003"),
             "stream.max_staleness=0",
             "selection.threshold=0.001",  # a weak policy: p_hat of 0.18 is enough
@@ -255,7 +244,7 @@ def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path) -> Non
 
 
 def test_a_short_run_with_importance_acceptance_weights_what_it_generates(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """selection.acceptance=importance through a real run: every item is predicted all
     correct with q = 0.9^4 = 0.6561, so a = 0.5 * sqrt(0.3439 / 0.6561) = 0.3620 of them
@@ -266,8 +255,8 @@ def test_a_short_run_with_importance_acceptance_weights_what_it_generates(
         return 0.9
 
     monkeypatch.setattr(LikelihoodGate, "p_reference", predicted)
-    extra = ("sft.steps=0", "selection.threshold=0.2", "selection.acceptance=importance")
-    summary = run_training(_run_cfg(tmp_path, "imp", *extra)).summary
+    extra = ("selection.threshold=0.2", "selection.acceptance=importance")
+    summary = run_training(tiny_config(*LIKELIHOOD_RUN, "run.name=imp", *extra)).summary
     ended = summary["stream/consumed"] + summary["stream/filtered"] + summary["stream/failed"]
     assert summary["stream/issued"] == ended and summary["stream/consumed"] == 16
     skipped = summary["selection/skipped/predicted_all_correct"]

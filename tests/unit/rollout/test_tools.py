@@ -427,33 +427,51 @@ def test_build_tools_options_and_errors() -> None:
 
 
 # --- calculator ---------------------------------------------------------------------------
-# fmt: off
 EXACT = [
-    ("1234*5678", "7006652"), ("2 + 3 * 4", "14"), ("(2 + 3) * 4", "20"), ("-3 - -4", "1"),
-    ("+5", "5"), ("7 / 2", "3.5"), ("6 / 3", "2"), ("1 / 3", "0.333333333333"),
-    ("0.1 + 0.2", "0.3"), ("7 // 2", "3"), ("-7 // 2", "-4"), ("17 % 5", "2"),
-    ("2 ** 10", "1024"), ("2 ** -2", "0.25"), ("2 ** 0.5", "1.41421356237"),
-    ("123456789 * 987654321", "121932631112635269"), ("1.5e3 * 2", "3000"),
+    ("1234*5678", "7006652"),
+    ("2 + 3 * 4", "14"),
+    ("(2 + 3) * 4", "20"),
+    ("-3 - -4", "1"),
+    ("+5", "5"),
+    ("7 / 2", "3.5"),
+    ("6 / 3", "2"),
+    ("1 / 3", "0.333333333333"),
+    ("0.1 + 0.2", "0.3"),
+    ("7 // 2", "3"),
+    ("-7 // 2", "-4"),
+    ("17 % 5", "2"),
+    ("2 ** 10", "1024"),
+    ("2 ** -2", "0.25"),
+    ("2 ** 0.5", "1.41421356237"),
+    ("123456789 * 987654321", "121932631112635269"),
+    ("1.5e3 * 2", "3000"),
     ("10 ** 30 + 1", "1000000000000000000000000000001"),
 ]
 REFUSED = [
     ("__import__('os')", "function calls are not allowed"),
     ("__import__('os').system('true')", "function calls are not allowed"),
-    ("(1).__class__", "attribute access is not allowed"), ("x + 1", "names are not allowed"),
-    ("abs(-1)", "function calls are not allowed"), ("[1, 2][0]", "not allowed"),
-    ("'a' * 3", "str values are not allowed"), ("1 < 2", "comparisons are not allowed"),
-    ("True + 1", "bool values are not allowed"), ("lambda: 0", "lambdas are not allowed"),
+    ("(1).__class__", "attribute access is not allowed"),
+    ("x + 1", "names are not allowed"),
+    ("abs(-1)", "function calls are not allowed"),
+    ("[1, 2][0]", "not allowed"),
+    ("'a' * 3", "str values are not allowed"),
+    ("1 < 2", "comparisons are not allowed"),
+    ("True + 1", "bool values are not allowed"),
+    ("lambda: 0", "lambdas are not allowed"),
     ("1 << 100", "the operator LShift is not allowed"),
     ("9**9**9", "would have about 369693100 digits (at most 1000)"),
     ("2**10000", "digits (at most 1000)"),
     ("(10**600) * (10**600)", "the result has more than 1000 digits"),
-    ("10.0 ** 400", "the result is too large"), ("1e999", "the result is too large"),
-    ("(-8) ** 0.5", "not a real number"), ("1 / 0", "division by zero"),
-    ("5 % 0", "division by zero"), ("1 +", "not an arithmetic expression"),
-    ("", "the expression is empty"), ("1+" * 300 + "1", "longer than 500 characters"),
+    ("10.0 ** 400", "the result is too large"),
+    ("1e999", "the result is too large"),
+    ("(-8) ** 0.5", "not a real number"),
+    ("1 / 0", "division by zero"),
+    ("5 % 0", "division by zero"),
+    ("1 +", "not an arithmetic expression"),
+    ("", "the expression is empty"),
+    ("1+" * 300 + "1", "longer than 500 characters"),
     ("(" * 240 + "1" + ")" * 240, "not an arithmetic expression"),
 ]
-# fmt: on
 
 
 @pytest.mark.parametrize(("expression", "value"), EXACT)
@@ -538,7 +556,6 @@ def fake_sandbox(outcomes: dict[str, dict[str, Any]]) -> types.ModuleType:
     return module
 
 
-# fmt: off
 OUTCOMES = {  # code -> the SandboxResult fields the fake sandbox returns for it
     "print(2+2)": {"status": "ok", "stdout": "4\n"},
     "x = 1": {"status": "ok"},
@@ -547,7 +564,6 @@ OUTCOMES = {  # code -> the SandboxResult fields the fake sandbox returns for it
     "big": {"status": "killed", "exit_code": -9, "truncated": True},
     "oom": {"status": "killed", "exit_code": -9, "limit": "memory"},
 }
-# fmt: on
 
 
 def test_python_tool_maps_sandbox_results(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,6 +114,7 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # two sessions through wandb's offline writer
 def test_wandb_offline_resume_has_no_duplicate_steps(tmp_path: Path) -> None:
     wandb = pytest.importorskip("wandb")
     first, second = two_sessions(
@@ -133,31 +134,20 @@ def test_wandb_offline_resume_has_no_duplicate_steps(tmp_path: Path) -> None:
     assert [r["sft/step"] for r in rows if "sft/loss" in r] == [0, 1, 2]
 
 
-def test_train_wires_sinks_from_config(tmp_path: Path) -> None:
+def test_train_wires_sinks_from_config(tiny_config) -> None:
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     from streamrl.run.launch import train
 
-    cfg = load_config(
-        None,
-        [
-            "model.name_or_path=tiny-small",
-            "sft.steps=0",
-            "eval.every=0",
-            "train.steps=2",
-            "train.items_per_step=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=3",
-            "algorithm.dynamic_sampling=false",
-            "eval.heldout_size=4",
-            "run.tensorboard=false",
-            "run.save_weights=false",
-            "run.progress=false",
-            "run.mlflow=true",
-            "run.name=wired",
-            f"run.output_dir={tmp_path}",
-        ],
+    cfg = tiny_config(
+        "train.steps=2",
+        "train.items_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=3",
+        "algorithm.dynamic_sampling=false",
+        "run.mlflow=true",
+        "run.name=wired",
     )
     run_dir = train(cfg).run_dir
     client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())

@@ -12,19 +12,13 @@ from streamrl.analysis.runs import load_run
 from streamrl.cli.main import main
 from streamrl.run.sweep import plan_sweep
 
-TINY = [
-    "model.name_or_path=tiny-small",
-    "sft.steps=0",
-    "eval.every=0",
+# 2 RL steps of 2 items per seed
+TWO_STEPS = [
     "train.steps=2",
     "train.items_per_step=2",
     "rollout.group_size=2",
     "rollout.max_new_tokens=3",
     "algorithm.dynamic_sampling=false",  # an untrained model rarely varies within a group
-    "eval.heldout_size=4",
-    "run.tensorboard=false",
-    "run.save_weights=false",
-    "run.progress=false",
 ]
 
 
@@ -41,15 +35,19 @@ def check_runs(out: Path, seeds: list[int], stdout: str) -> None:
     assert "streamrl compare " + " ".join(str(d) for d in dirs) in stdout
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
-def test_sweep_runs_each_seed_into_one_recipe(tmp_path: Path, capsys, parallel: int) -> None:
+@pytest.mark.parametrize("parallel", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_sweep_runs_each_seed_into_one_recipe(
+    tmp_path: Path, tiny_config, capsys, parallel: int
+) -> None:
     out = tmp_path / "runs"
-    args = ["sweep", "--seeds", "0", "1", *TINY, f"run.output_dir={out}"]
+    args = ["sweep", "--seeds", "0", "1", *tiny_config.args(*TWO_STEPS, output_dir=out)]
     assert main([*args, "--parallel", str(parallel)]) == 0
     check_runs(out, [0, 1], capsys.readouterr().out)
 
 
-def test_failing_seed_is_reported_and_others_still_run(tmp_path, capsys, monkeypatch) -> None:
+def test_failing_seed_is_reported_and_others_still_run(
+    tmp_path, tiny_config, capsys, monkeypatch
+) -> None:
     import streamrl.run.launch
 
     real_train = streamrl.run.launch.train
@@ -61,7 +59,7 @@ def test_failing_seed_is_reported_and_others_still_run(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(streamrl.run.launch, "train", flaky_train)
     out = tmp_path / "runs"
-    assert main(["sweep", "--seeds", "0", "1", *TINY, f"run.output_dir={out}"]) == 1
+    assert main(["sweep", "--seeds", "0", "1", *tiny_config.args(*TWO_STEPS, output_dir=out)]) == 1
     captured = capsys.readouterr()
     assert "seed 0: FAILED (RuntimeError: seed 0 exploded)" in captured.out
     assert "1 of 2 seeds failed: [0]" in captured.err

@@ -113,8 +113,10 @@ def test_heldout_shares_follow_the_weights_in_a_fixed_order() -> None:
             r"data.options.sources\[0\].wieght: unknown key; known: name, kind",
         ),
         (
-            [{"name": "a", "kind": "arithmetic"}, {"name": "b", "kind": "arithmetic",
-                                                   "options": {"digit": 1}}],
+            [
+                {"name": "a", "kind": "arithmetic"},
+                {"name": "b", "kind": "arithmetic", "options": {"digit": 1}},
+            ],
             r"data.options.sources\[1\].options.digit: unknown option; accepted: digits",
         ),
         (
@@ -126,7 +128,7 @@ def test_heldout_shares_follow_the_weights_in_a_fixed_order() -> None:
             r"data.options.sources\[0\].correct_reward: expected a reward name, got 3",
         ),
     ],
-)  # fmt: skip
+)
 def test_bad_options_name_the_source_and_key(sources: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):  # a DataError, or an OptionsError
         build_task_source("mixture", sources=sources)

@@ -168,7 +168,7 @@ def test_has_batch_says_whether_get_batch_would_return_one(eta):
 
 
 @pytest.mark.parametrize("lend", [True, False])
-def test_an_async_run_drives_only_where_lending_is_on(tmp_path, lend, monkeypatch):
+def test_an_async_run_drives_only_where_lending_is_on(tiny_config, lend, monkeypatch):
     """A short RL run at eta = 1 on the local backend: the waiting trainer drives the
     engine (counted in ``rollout/driven_steps``), and the stream's books still balance.
     The tiny model's steps are below the floor, so the floor is lowered here."""
@@ -179,11 +179,15 @@ def test_an_async_run_drives_only_where_lending_is_on(tmp_path, lend, monkeypatc
     monkeypatch.setattr(inference, "DRIVE_MIN_STEP_S", 0.0)
 
     from streamrl.run.launch import train
-    from tests.integration.test_docs import _cfg
 
-    overrides = ["rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=4"]
-    cfg = _cfg(
-        tmp_path, *overrides, "stream.max_staleness=1", f"runtime.lend_cores={str(lend).lower()}"
+    cfg = tiny_config(
+        "algorithm.dynamic_sampling=false",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "train.items_per_step=2",
+        "train.steps=4",
+        "stream.max_staleness=1",
+        f"runtime.lend_cores={str(lend).lower()}",
     )
     result = train(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]

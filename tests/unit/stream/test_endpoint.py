@@ -44,9 +44,13 @@ def test_sessions_rewards_auth_logprobs_and_admission(tmp_path: Path) -> None:
 
     msgs = [{"role": "user", "content": "1+2="}]
     reply = client.chat.completions.create(
-        model="tiny-small", messages=msgs, n=2, logprobs=True, max_tokens=3,
+        model="tiny-small",
+        messages=msgs,
+        n=2,
+        logprobs=True,
+        max_tokens=3,
         extra_body={"session_id": "a"},
-    )  # fmt: skip
+    )
     assert len(reply.choices) == 2
     for c in reply.choices:
         assert len(c.logprobs.content) == len(c.model_extra["streamrl"]["token_ids"]) <= 3

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from streamrl.config import load_config
 from streamrl.stream.backends import plan_placement
 
@@ -99,6 +101,7 @@ class _Scripted:
         return {2: True, 4: False}.get(self.step)
 
 
+@pytest.mark.slow  # a run on the process backend
 def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch) -> None:
     """The controller's side of runtime.placement=auto, without timing: switching to
     time-sharing (generation paused while the trainer, re-pinned to every core, trains)
@@ -112,13 +115,19 @@ def test_placement_switches_mid_run_and_the_books_balance(tmp_path, monkeypatch)
     cfg = load_config(
         "examples/smoke.yaml",
         [
-            "runtime.placement=auto", "runtime.backend=process", "sft.steps=0",
+            "runtime.placement=auto",
+            "runtime.backend=process",
+            "sft.steps=0",
             # an untrained model's groups are all wrong: dynamic sampling would keep drawing
             "algorithm.dynamic_sampling=false",
-            "train.steps=6", "train.items_per_step=2", "eval.heldout_size=10",
-            f"run.output_dir={tmp_path}", "run.progress=false", "run.tensorboard=false",
+            "train.steps=6",
+            "train.items_per_step=2",
+            "eval.heldout_size=10",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.tensorboard=false",
         ],
-    )  # fmt: skip
+    )
     run_dir = train(cfg).run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
