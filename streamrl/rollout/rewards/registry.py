@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from streamrl.config.options import validate_options
 from streamrl.core.types import Item
-from streamrl.rollout.rewards import functions, group, llm_judge, reward_model
+from streamrl.rollout.rewards import arena, functions, group, llm_judge, reward_model
 from streamrl.rollout.rewards.group import group_reward, is_group_reward, run_group
 from streamrl.rollout.rewards.guard import Outcome, RewardGuard
 from streamrl.sources.mixture import item_domain
@@ -54,6 +54,7 @@ _REWARDS: dict[str, Callable[..., float]] = {
     "reward_model": reward_model.reward_model,
     "llm_judge": llm_judge.llm_judge,
     **group.GROUP_REWARDS,  # fn(completions, item) -> list[float]: see group.py
+    **arena.ARENA_REWARDS,  # a judge compares answers two at a time: see arena.py
 }
 
 # Optional set-up of a named reward, run by CompositeReward when it is built:
@@ -78,6 +79,12 @@ def _known_correct(options: dict[str, Any], load: bool) -> None:
         raise ValueError(f"correct={name!r} is not one of {sorted(group.CORRECTNESS)}")
 
 
+def _has_url(options: dict[str, Any], load: bool) -> None:
+    """pairwise_judge and tournament_judge ask a judge at ``url``."""
+    if not str(options.get("url", "")).startswith(("http://", "https://")):
+        raise ValueError("url: the judge's OpenAI-compatible base URL (http://host:port/v1)")
+
+
 def _compiles(options: dict[str, Any], load: bool) -> None:
     """format_reward's pattern is a regular expression (not every call's failure)."""
     pattern = options.get("pattern", functions.INTEGER_PATTERN)
@@ -95,6 +102,8 @@ _SETUPS: dict[str, Setup] = {
     "llm_judge": llm_judge.setup,
     "majority_vote": _extracts,
     "length_aware": _known_correct,
+    "pairwise_judge": _has_url,
+    "tournament_judge": _has_url,
 }
 
 
