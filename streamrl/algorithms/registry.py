@@ -61,15 +61,21 @@ def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
         raise UnknownNameError(f"unknown {kind} {name!r}; known: {known}") from None
 
 
-def register_advantage(name: str, *, group_relative: bool = False) -> Callable[[F], F]:
+def register_advantage(
+    name: str, *, group_relative: bool = False, needs: tuple[str, ...] = ()
+) -> Callable[[F], F]:
     """Register ``fn(rewards (N,), item_index (N,), *, eps=1e-6) -> (N,)``.
 
     ``group_relative``: the estimator compares the samples of one item with each
     other, so it needs ``rollout.group_size >= 2`` (with one sample it is always 0).
+    ``needs``: the keyword inputs it takes beyond the rewards and the groups (per-turn
+    rewards, roles, ...), which its algorithm supplies; such an estimator may return
+    more than one advantage per sample (one per turn) as its algorithm documents.
     """
 
     def decorator(fn: F) -> F:
         fn.group_relative = group_relative  # type: ignore[attr-defined]
+        fn.needs = needs  # type: ignore[attr-defined]
         return _register(_ADVANTAGES, "advantage", name)(fn)
 
     return decorator

@@ -29,7 +29,7 @@ from streamrl.core.turns import ROLE_KEY
 from streamrl.core.types import Batch, Trajectory
 
 
-@register_advantage("rae")
+@register_advantage("rae", needs=("roles", "baselines"))
 def rae(
     rewards: torch.Tensor,
     item_index: torch.Tensor,

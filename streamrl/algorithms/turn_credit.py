@@ -58,7 +58,7 @@ def _keyed_stats(
     return mean, std
 
 
-@register_advantage("turn_discounted", group_relative=True)
+@register_advantage("turn_discounted", group_relative=True, needs=("turn_rewards", "turn_mask"))
 def turn_discounted(
     rewards: torch.Tensor,
     item_index: torch.Tensor,
@@ -77,7 +77,9 @@ def turn_discounted(
     return torch.where(turn_mask, returns - mean, 0.0)
 
 
-@register_advantage("gigpo", group_relative=True)
+@register_advantage(
+    "gigpo", group_relative=True, needs=("turn_rewards", "turn_mask", "turn_states")
+)
 def gigpo(
     rewards: torch.Tensor,
     item_index: torch.Tensor,

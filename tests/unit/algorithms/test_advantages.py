@@ -1,5 +1,7 @@
 """Advantage estimators against hand-computed values."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -63,7 +65,26 @@ def test_non_contiguous_group_ids_and_integer_rewards():
     close(adv("dr_grpo", torch.tensor([3, 1, 0, 0]), [7, 7, 2, 2]), [1.0, -1.0, 0.0, 0.0])
 
 
-@pytest.mark.parametrize("name", advantage_names())
+def _sequence_level() -> list[str]:
+    """The estimators over (rewards, groups) alone; the others declare what they need."""
+    return [n for n in advantage_names() if not get_advantage(n).needs]
+
+
+def test_every_declared_input_is_a_keyword_the_estimator_requires():
+    for name in advantage_names():
+        params = inspect.signature(get_advantage(name)).parameters
+        for need in get_advantage(name).needs:
+            assert params[need].kind is inspect.Parameter.KEYWORD_ONLY, (name, need)
+            assert params[need].default is inspect.Parameter.empty, (name, need)
+        required = {
+            k
+            for k, p in params.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+        }
+        assert required == set(get_advantage(name).needs), name
+
+
+@pytest.mark.parametrize("name", _sequence_level())
 def test_singletons_and_constant_groups_are_finite(name):
     kw = {"baseline": torch.zeros(5)} if name == "remax" else {}
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0])

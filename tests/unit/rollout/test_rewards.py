@@ -101,7 +101,7 @@ def test_format_reward() -> None:
     tagged = get_reward("format_reward", pattern=ANSWER_TAG_PATTERN)
     assert tagged("<answer>x</answer>", ITEM) == 1.0
     with pytest.raises(
-        ValueError, match="unknown reward 'nope'; known: .*exact_match.*majority_vote"
+        ValueError, match=r"unknown reward 'nope'; known: .*\bexact_match\b.*\bmajority_vote\b"
     ):
         get_reward("nope")
 
