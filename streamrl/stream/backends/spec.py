@@ -26,7 +26,8 @@ from streamrl.rollout.worker import Emit, RolloutWorker
 
 def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> RolloutWorker:
     """The rollout worker of a run: the run's episode and algorithm on ``engine``."""
-    episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
+    reward = build_reward(cfg.reward)
+    episode = build_episode(cfg, tokenizer, reward)
     sampling = sampling_params(cfg, tokenizer)
     return RolloutWorker(
         engine,
@@ -36,6 +37,7 @@ def make_worker(cfg: Config, engine: Any, tokenizer: Any, emit: Emit) -> Rollout
         group_size=cfg.rollout.group_size,
         seed=cfg.seed,
         sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed, tokenizer, sampling),
+        reward=reward,
     )
 
 
