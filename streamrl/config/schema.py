@@ -20,6 +20,7 @@ from streamrl.config.endpoint import EndpointConfig
 from streamrl.config.env import EnvConfig
 from streamrl.config.eval import EvalConfig
 from streamrl.config.model import ModelConfig
+from streamrl.config.monitors import MonitorsConfig
 from streamrl.config.plugins import check_module_name
 from streamrl.config.reading import ConfigSource
 from streamrl.config.reward import RewardConfig
@@ -57,6 +58,7 @@ class Config(Section):
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     alol: ALoLConfig = Field(default_factory=ALoLConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)

@@ -137,6 +137,7 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
                             cfg.rollout.group_size,
                             cfg.seed,
                             sampler,
+                            reward=reward,  # its group components score each group
                         )
                         for it in wave
                     )

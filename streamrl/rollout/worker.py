@@ -43,6 +43,8 @@ from streamrl.core.messages import (
 from streamrl.core.types import WEIGHT_KEY, Item, Trajectory
 from streamrl.rollout.episodes import Episode, PromptTooLong, Trajectories, episode_output
 from streamrl.rollout.reports import failed_report
+from streamrl.rollout.rewards.registry import CompositeReward
+from streamrl.rollout.rewards.scoring import add_group_rewards
 from streamrl.rollout.seeds import sampling_seed as sampling_seed  # (the endpoint's import)
 from streamrl.rollout.selection.base import GroupSampler
 
@@ -82,9 +84,10 @@ class RolloutWorker:
         group_size: int,
         seed: int,
         sampler: GroupSampler | None = None,
+        reward: CompositeReward | None = None,
     ) -> None:
         self.engine, self.episode, self.algorithm, self.emit = engine, episode, algorithm, emit
-        self.group_size, self.seed = group_size, seed
+        self.group_size, self.seed, self.reward = group_size, seed, reward
         self.sampler = sampler if sampler is not None else GroupSampler()
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
 
@@ -149,6 +152,7 @@ class RolloutWorker:
             self.seed,
             self.sampler,
             plan,
+            reward=self.reward,
         )
         if report is not None:  # None: shutting down, the pool accounts for the item
             self.emit(report)
@@ -170,16 +174,20 @@ async def rollout_group(
     seed: int,
     sampler: GroupSampler | None = None,
     plan: Any = None,
+    *,
+    reward: CompositeReward | None = None,
 ) -> GroupDone | GroupRejected | None:
     """Roll one item out ``group_size`` times (plus the algorithm's extra rollouts),
     score it and judge it; None if cancelled. Every other outcome is a report. The
     ``sampler`` (the plain one by default) decides with the item's ``plan`` which item
-    is rolled out after all, and how its samples are drawn."""
+    is rolled out after all, and how its samples are drawn. ``reward``'s group
+    components (if any) score the group once its samples are in (the episode scored
+    each answer by the per-answer ones)."""
     sampler = sampler if sampler is not None else GroupSampler()
 
     async def roll(chosen: Item) -> GroupDone | GroupRejected | None:
         draws = sampler.group(engine, chosen, group_size, seed)
-        return await _rollout(engine, episode, algorithm, chosen, draws, group_size)
+        return await _rollout(engine, episode, algorithm, chosen, draws, group_size, reward)
 
     return await sampler.rollout(engine, item, plan, roll)
 
@@ -191,9 +199,11 @@ async def _rollout(
     item: Item,
     draws: list[tuple[InferenceEngine, int]],
     group_size: int,
+    reward: CompositeReward | None = None,
 ) -> GroupDone | GroupRejected | None:
     """The group of ``item``, each sample drawn on its (engine view, seed), generated,
-    scored and judged (None: cancelled)."""
+    scored (each answer, then the group with the extra rollouts in it) and judged
+    (None: cancelled)."""
     coros = [episode(view, item, s) for view, s in draws]
     coros += [episode(engine, item, 0, greedy=x.greedy) for x in algorithm.extra_rollouts]
     results = await asyncio.gather(*coros, return_exceptions=True)
@@ -212,6 +222,7 @@ async def _rollout(
     samples = [t for o in outputs[:group_size] for t in o.trajectories]
     rest = [t for o in outputs[group_size:] for t in o.trajectories]
     trajectories: list[Trajectory] = samples + rest
+    await add_group_rewards(reward, item, trajectories)
     # a mixture's domain and correct reward, for per-domain metrics; the sample's weight
     for t in trajectories:
         for key in ("domain", "correct_reward", WEIGHT_KEY):

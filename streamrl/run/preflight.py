@@ -30,7 +30,13 @@ from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
 from streamrl.rollout.episodes.base import MeasuresPrompts
-from streamrl.rollout.rewards import CompositeReward, build_reward, reward_names, reward_options
+from streamrl.rollout.rewards import (
+    CompositeReward,
+    build_reward,
+    is_group,
+    reward_names,
+    reward_options,
+)
 from streamrl.rollout.selection import SamplerContext, UnknownKind, check_draws, check_sampler
 from streamrl.run.assembly import episode_spec, policy_run, sampler_context
 from streamrl.sources import (
@@ -82,6 +88,25 @@ def check_reward_options(cfg: Config) -> None:
             f"reward.correct_reward={cfg.reward.correct_reward!r} is not one of the "
             f"reward.components {names}"
         )
+    check_group_rewards(cfg)
+
+
+def check_group_rewards(cfg: Config) -> None:
+    """A group reward scores text answers in groups: not the held-out judge (evaluation
+    scores one greedy answer at a time), not an environment's episodes."""
+    src, correct = source_of(cfg), cfg.reward.correct_reward
+    if is_group(correct):
+        raise PreflightError(
+            f"{src.where(('reward', 'correct_reward'))}: reward.correct_reward={correct!r} "
+            "scores whole groups; the held-out judge must be a per-answer reward (give it "
+            "weight 0 to judge without training on it)"
+        )
+    for i, c in enumerate(cfg.reward.components):
+        if is_group(c.name) and policy_run(cfg):
+            raise PreflightError(
+                f"{src.where(('reward', 'components', str(i), 'name'))}: group reward "
+                f"{c.name!r} scores text answers; this run's episodes are an environment's"
+            )
 
 
 def check_model_options(cfg: Config) -> None:

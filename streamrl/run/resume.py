@@ -24,6 +24,7 @@ from typing import Any
 from streamrl.algorithms.stages import PRE_RL_STAGES
 from streamrl.config import Config
 from streamrl.run.checkpoint import Checkpoint, find_checkpoint
+from streamrl.run.hooks.monitors import final_status
 from streamrl.run.tracking import RunDirectory, note, read_summary
 
 
@@ -48,7 +49,8 @@ def completed_summary(run_dir: Path) -> dict[str, Any] | None:
     summary, problem = read_summary(run_dir)
     if problem is not None:
         note(None, f"{problem}: the run is not taken as completed")
-    return summary if summary is not None and summary["status"] == "completed" else None
+    finished = ("completed", "stopped_by_monitor")  # (a monitor's stop ends a run too)
+    return summary if summary is not None and summary["status"] in finished else None
 
 
 def find_resume(run_dir: Path) -> Found:
@@ -101,6 +103,6 @@ def refinish(cfg: Config, found: Found) -> dict[str, Any]:
     assert found.ckpt is not None and found.ckpt.path is not None
     summary = dict(found.ckpt.state["summary"])
     run = open_run(cfg, found)
-    run.finish(summary)
+    run.finish(summary, status=final_status(summary))
     note(run, f"the run had ended (checkpoint {found.ckpt.path.name}): summary.json written")
     return summary

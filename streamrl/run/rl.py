@@ -17,6 +17,7 @@ from streamrl.run.hooks.checkpoints import Checkpoints
 from streamrl.run.hooks.evaluation import Evaluation, phase_ends
 from streamrl.run.hooks.graceful_stop import StopOnRequest
 from streamrl.run.hooks.lending import LendCores
+from streamrl.run.hooks.monitors import Monitors
 from streamrl.run.hooks.placement import CorePlacement
 from streamrl.run.hooks.progress import Progress, ReportProgress
 from streamrl.run.hooks.stop_at_eval import StopAtEval
@@ -103,6 +104,10 @@ class RLStage(CheckpointState):
             Evaluation(self.evaluate, pool, sharing, cfg.eval.every, steps, ends, summary),
             StopAtEval(pool, cfg.run.stop_at_eval, summary),
         ]
+        if cfg.monitors.enabled:  # (after evaluation: it reads the step's eval/accuracy)
+            weights = self.inputs.reward.weights
+            correct = cfg.reward.correct_reward
+            hooks.append(Monitors(cfg.monitors, weights, correct, pool, summary, self.run.log))
         budget = cfg.run.max_rl_seconds
         if budget is not None:
             hooks.append(TimeBudget(pool, budget, recorder.rl_seconds, steps, summary))

@@ -39,6 +39,7 @@ from streamrl.rollout.episodes import build_episode
 from streamrl.run.assembly import episode_spec
 from streamrl.run.checkpoint import Checkpoint
 from streamrl.run.evaluation import Evaluator, after_summary
+from streamrl.run.hooks.monitors import final_status
 from streamrl.run.hooks.progress import Progress
 from streamrl.run.lock import run_lock
 from streamrl.run.preflight import Inputs, preflight
@@ -240,5 +241,5 @@ class Session(PreRLStages, RLStage):
             with replacing(self.run.path / "model", directory=True) as model_dir:
                 self.trainer.save(model_dir, tokenizer=self.tokenizer)
         self.checkpoint("done", self.last_step)  # the final state: a resume finds it done
-        self.run.finish(self.summary)
+        self.run.finish(self.summary, status=final_status(self.summary))
         return RunResult(run_dir=self.run.path, summary=self.summary, trainer=self.trainer)

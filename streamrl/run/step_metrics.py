@@ -25,6 +25,35 @@ from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, 
 ENGINE_WORK = ("tokens_generated", "env_steps")
 
 
+def component_key(name: str, kind: str = "reward") -> str:
+    """The metric of a reward component (``llm_judge#2``: ``reward/llm_judge_2``; trackers
+    such as MLflow take letters, digits and ``_-. /`` only)."""
+    return f"{kind}/{name.replace('#', '_')}"
+
+
+def component_metrics(trajectories: list[Any], correct_reward: str) -> dict[str, float]:
+    """Each reward component's mean over the answers it scored (``reward/<name>``), and
+    for every other component the fraction of the answers both scored on which it
+    (>= 0.5) and ``correct_reward`` (>= 1) disagree (``reward_disagreement/<name>``): what
+    the reward-hacking monitors read."""
+    values: dict[str, list[float]] = {}
+    disagree: dict[str, list[bool]] = {}
+    for t in trajectories:
+        comps = t.metadata.get("reward_components") or {}
+        correct = comps.get(item_correct_reward(t, correct_reward))
+        for name, v in comps.items():
+            if v is None:
+                continue
+            values.setdefault(name, []).append(float(v))
+            if correct is not None and name != correct_reward:
+                disagree.setdefault(name, []).append((v >= 0.5) != (correct >= 1.0))
+    m = {component_key(n): sum(v) / len(v) for n, v in values.items()}
+    m.update(
+        {component_key(n, "reward_disagreement"): sum(d) / len(d) for n, d in disagree.items()}
+    )
+    return m
+
+
 class StepMetrics:
     def __init__(self, correct_reward: str, group_size: int) -> None:
         self.correct_reward, self.group_size = correct_reward, group_size
@@ -120,6 +149,9 @@ class StepMetrics:
         m["rollout/carried_tokens_total"] = self.carried
         m["tokens_per_s"] = self.tokens / elapsed
         m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
+        m.update(component_metrics(trajectories, self.correct_reward))
+        if bool(batch.loss_mask.any()):  # the sampled tokens' surprise: an entropy estimate
+            m["rollout/neg_logprob"] = float(-batch.behavior_logprobs[batch.loss_mask].mean())
         return m
 
     def rl_seconds(self) -> float:

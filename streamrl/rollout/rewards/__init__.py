@@ -1,4 +1,5 @@
-"""Reward functions (plain ``fn(completion, item) -> float``), their registry and guard.
+"""Reward functions (plain ``fn(completion, item) -> float``, or over a whole group
+``fn(completions, item) -> list[float]``), their registry and guard.
 
 ``CompositeReward([("numeric_match", 1.0), ("format_reward", 0.1)], timeout_s=5)``
 scores a completion into a :class:`RewardResult` (total, per-component values,
@@ -10,6 +11,10 @@ sequence-classification model, concurrent calls batched into one forward pass; s
 inference engine, its output parsed into a score; see :mod:`streamrl.rollout.rewards.llm_judge`).
 Use them by name (``get_reward("reward_model", path=...)``, ``reward.components``); the
 submodules keep those names, so the functions are not re-exported here.
+
+Group rewards (:mod:`streamrl.rollout.rewards.group`: ``majority_vote``,
+``overlong_penalty``, ``length_aware``) are components too; the rollout worker scores a
+group with them once its samples are in (:mod:`streamrl.rollout.rewards.scoring`).
 """
 
 from streamrl.rollout.rewards.functions import (
@@ -23,14 +28,17 @@ from streamrl.rollout.rewards.functions import (
     numeric_match,
     reasoning_gym,
 )
+from streamrl.rollout.rewards.group import Completions, majority_vote
 from streamrl.rollout.rewards.guard import GuardError, Outcome, RewardGuard, describe_error
 from streamrl.rollout.rewards.llm_judge import load_judge, parse_judgement
 from streamrl.rollout.rewards.registry import (
     CompositeReward,
     RewardFn,
     RewardResult,
+    build_group_reward,
     build_reward,
     get_reward,
+    is_group,
     register_reward,
     reward_names,
     reward_options,
@@ -40,6 +48,7 @@ from streamrl.rollout.rewards.reward_model import MicroBatcher, load_reward_mode
 __all__ = [
     "ANSWER_TAG_PATTERN",
     "INTEGER_PATTERN",
+    "Completions",
     "CompositeReward",
     "GuardError",
     "MicroBatcher",
@@ -47,15 +56,18 @@ __all__ = [
     "RewardFn",
     "RewardGuard",
     "RewardResult",
+    "build_group_reward",
     "build_reward",
     "describe_error",
     "exact_match",
     "extract_answer",
     "format_reward",
     "get_reward",
+    "is_group",
     "last_number",
     "load_judge",
     "load_reward_model",
+    "majority_vote",
     "math_verify",
     "numeric_match",
     "parse_judgement",

@@ -39,9 +39,10 @@ _MEMORY_EXIT = 87  # exit code of a process worker after a MemoryError in a rewa
 
 @dataclass
 class Outcome:
-    """The result of one guarded call: ``value`` (a finite float) or ``error`` (text)."""
+    """The result of one guarded call: ``value`` (a finite float, or for a group reward
+    a list of them) or ``error`` (text)."""
 
-    value: float | None
+    value: Any
     error: str | None = None
 
     @property
@@ -68,6 +69,11 @@ def describe_error(exc: BaseException) -> str:
     for last in traceback.extract_tb(exc.__traceback__)[-1:]:
         text += f" ({os.path.basename(last.filename)}:{last.lineno} in {last.name})"
     return text
+
+
+def _as_values(value: Any) -> Outcome:
+    """A group reward's result, already checked where it ran (``group.run_group``)."""
+    return Outcome(list(value))
 
 
 def _to_outcome(value: Any) -> Outcome:
@@ -140,11 +146,13 @@ class RewardGuard:
             self._rebalance()
         return future
 
-    def outcome(self, future: Future, wait: float | None = None) -> Outcome:
-        """Wait (bounded) for a submitted call and turn it into an :class:`Outcome`."""
+    def outcome(self, future: Future, wait: float | None = None, *, group: bool = False) -> Outcome:
+        """Wait (bounded) for a submitted call and turn it into an :class:`Outcome`
+        (``group``: the call returned a group reward's checked list of values)."""
+        convert = _as_values if group else _to_outcome
         try:
             error = future.exception(self.max_wait + self.timeout_s if wait is None else wait)
-            result = Outcome(None, self._describe(error)) if error else _to_outcome(future.result())
+            result = Outcome(None, self._describe(error)) if error else convert(future.result())
         except FutureTimeout:
             future.cancel()  # it never started: make sure it never will (pebble kills it)
             result = Outcome(None, f"timeout: no reward worker free within {self.max_wait:.1f}s")
@@ -155,12 +163,12 @@ class RewardGuard:
             self.timeouts += (result.error or "").startswith("timeout")
         return result
 
-    async def aoutcome(self, future: Future) -> Outcome:
+    async def aoutcome(self, future: Future, *, group: bool = False) -> Outcome:
         """:meth:`outcome` for asyncio code: awaits without blocking the event loop."""
         wrapped = asyncio.wrap_future(future)
         wrapped.add_done_callback(lambda f: f.cancelled() or f.exception())  # (retrieved)
         await asyncio.wait({wrapped}, timeout=self.max_wait + self.timeout_s)
-        return self.outcome(future, wait=0)  # done, or waited too long
+        return self.outcome(future, wait=0, group=group)  # done, or waited too long
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Outcome:
         """Run ``fn(*args)`` guarded; never raises for the function's failures."""

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from streamrl.config.options import validate_options
 from streamrl.core.types import Item
-from streamrl.rollout.rewards import functions, llm_judge, reward_model
+from streamrl.rollout.rewards import arena, functions, group, llm_judge, reward_model
+from streamrl.rollout.rewards.group import group_reward, is_group_reward, run_group
 from streamrl.rollout.rewards.guard import Outcome, RewardGuard
 from streamrl.sources.mixture import item_domain
 
@@ -52,6 +53,8 @@ _REWARDS: dict[str, Callable[..., float]] = {
     "reasoning_gym": functions.reasoning_gym,
     "reward_model": reward_model.reward_model,
     "llm_judge": llm_judge.llm_judge,
+    **group.GROUP_REWARDS,  # fn(completions, item) -> list[float]: see group.py
+    **arena.ARENA_REWARDS,  # a judge compares answers two at a time: see arena.py
 }
 
 # Optional set-up of a named reward, run by CompositeReward when it is built:
@@ -59,6 +62,27 @@ _REWARDS: dict[str, Callable[..., float]] = {
 # every call) and, when ``load`` (thread isolation: the calls run in this process), loads
 # what the calls need, so that no guarded call is charged the loading (it could time out).
 Setup = Callable[[dict[str, Any], bool], None]
+
+
+def _extracts(options: dict[str, Any], load: bool) -> None:
+    """majority_vote's ``extract`` names an extraction (or a valid regex)."""
+    try:
+        group.extractor(options.get("extract", "last_number"))
+    except re.error as e:
+        raise ValueError(f"majority_vote: extract is not a regular expression: {e}") from None
+
+
+def _known_correct(options: dict[str, Any], load: bool) -> None:
+    """length_aware's ``correct`` is one of its rule-based checks."""
+    name = options.get("correct", "numeric_match")
+    if name not in group.CORRECTNESS:
+        raise ValueError(f"correct={name!r} is not one of {sorted(group.CORRECTNESS)}")
+
+
+def _has_url(options: dict[str, Any], load: bool) -> None:
+    """pairwise_judge and tournament_judge ask a judge at ``url``."""
+    if not str(options.get("url", "")).startswith(("http://", "https://")):
+        raise ValueError("url: the judge's OpenAI-compatible base URL (http://host:port/v1)")
 
 
 def _compiles(options: dict[str, Any], load: bool) -> None:
@@ -76,6 +100,10 @@ _SETUPS: dict[str, Setup] = {
     "format_reward": _compiles,
     "reward_model": reward_model.setup,
     "llm_judge": llm_judge.setup,
+    "majority_vote": _extracts,
+    "length_aware": _known_correct,
+    "pairwise_judge": _has_url,
+    "tournament_judge": _has_url,
 }
 
 
@@ -91,8 +119,12 @@ _IMPORTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def register_reward(name: str, *, setup: Setup | None = None) -> Callable[[F], F]:
-    """Decorator: make ``fn(completion, item, **options) -> float`` available by name.
+def register_reward(
+    name: str, *, setup: Setup | None = None, group: bool = False
+) -> Callable[[F], F]:
+    """Decorator: make ``fn(completion, item, **options) -> float`` available by name
+    (``group=True``: ``fn(completions, item, **options) -> list[float]``, one value per
+    answer of the group; see :mod:`streamrl.rollout.rewards.group`).
 
     ``setup(options, load)``, if given, runs when a :class:`CompositeReward` using the
     reward is built: it checks the options and, when ``load``, loads models up front.
@@ -101,6 +133,8 @@ def register_reward(name: str, *, setup: Setup | None = None) -> Callable[[F], F
     def decorator(fn: F) -> F:
         if name in _REWARDS and _REWARDS[name] is not fn:
             raise ValueError(f"reward {name!r} is already registered")
+        if group:
+            group_reward(fn)
         _REWARDS[name] = fn
         if setup is not None:
             _SETUPS[name] = setup
@@ -110,8 +144,13 @@ def register_reward(name: str, *, setup: Setup | None = None) -> Callable[[F], F
 
 
 def reward_names() -> list[str]:
-    """Registered reward names, sorted."""
+    """Registered reward names (per answer and per group), sorted."""
     return sorted(_REWARDS)
+
+
+def is_group(name: str) -> bool:
+    """Whether the registered reward ``name`` scores whole groups."""
+    return name in _REWARDS and is_group_reward(_REWARDS[name])
 
 
 def reward_options(
@@ -162,12 +201,80 @@ class RewardResult:
     def ok(self) -> bool:
         return not self.errors
 
+    def plus(self, other: RewardResult) -> RewardResult:
+        """Both results' components together (a completion's own and its group's).
+
+        >>> RewardResult(1.0, {"a": 1.0}).plus(RewardResult(0.5, {"b": 0.5}))
+        RewardResult(total=1.5, components={'a': 1.0, 'b': 0.5}, errors={})
+        """
+        total = None if self.total is None or other.total is None else self.total + other.total
+        return RewardResult(
+            total, {**self.components, **other.components}, {**self.errors, **other.errors}
+        )
+
 
 Component = (
     tuple[str | RewardFn, float]
     | tuple[str | RewardFn, float, dict[str, Any]]
     | tuple[str | RewardFn, float, dict[str, Any], Sequence[str] | None]
 )
+
+
+@dataclass
+class _Part:
+    """One component as built: its function, weight, domains and whether it scores groups."""
+
+    fn: Callable[..., Any]
+    weight: float
+    domains: frozenset[str] | None
+    group: bool
+    ref: str | None  # the registry name, if it came by name
+    options: dict[str, Any]
+
+
+def _part(comp: Component) -> tuple[str, _Part]:
+    """The base name and the built part of one ``(name_or_fn, weight[, options[, domains]])``."""
+    if len(comp) not in (2, 3, 4):
+        form = "(name_or_fn, weight[, options[, domains]])"
+        raise ValueError(f"reward component must be {form}: {comp!r}")
+    ref, weight = comp[0], float(comp[1])
+    options = (comp[2] if len(comp) >= 3 else None) or {}
+    domains = _domains(comp[3] if len(comp) == 4 else None, comp)
+    if isinstance(ref, str):
+        options = reward_options(ref, options)
+        fn = get_reward(ref, **options)
+        return ref, _Part(fn, weight, domains, is_group(ref), ref, options)
+    if callable(ref):
+        fn = functools.partial(ref, **options) if options else ref
+        base = getattr(ref, "__name__", type(ref).__name__)
+        return base, _Part(fn, weight, domains, is_group_reward(ref), None, options)
+    raise ValueError(f"reward component must be a name or a function, got {ref!r}")
+
+
+def _check_picklable(parts: dict[str, _Part]) -> None:
+    for name, part in parts.items():
+        try:
+            pickle.dumps(part.fn)
+        except Exception as e:
+            raise ValueError(
+                f"reward component {name!r} cannot run in a worker process (it must be "
+                f"a module-level function or a partial of one): {e}"
+            ) from e
+
+
+def _set_up(parts: dict[str, _Part], load: bool) -> tuple[str, ...]:
+    """Import the heavy modules the named rewards need and run their set-ups; the
+    modules, for process workers to preload."""
+    preload = [m for p in parts.values() if p.ref in _IMPORTS for m in _IMPORTS[p.ref]]
+    for module in preload:
+        importlib.import_module(module)
+    for name, part in parts.items():  # (process workers load on their first call)
+        if part.ref in _SETUPS:
+            try:
+                _SETUPS[part.ref](part.options, load)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"reward component {name!r}: {e}") from e
+    return tuple(dict.fromkeys(preload))
 
 
 class CompositeReward:
@@ -190,6 +297,11 @@ class CompositeReward:
             rewards need). In process mode every component must pickle: registry names
             and module-level functions (or partials of them) do, lambdas do not.
 
+    A group reward (:mod:`streamrl.rollout.rewards.group`) is a component too: it is
+    left out of :meth:`ascore` (one answer) and scored by :meth:`ascore_group` over the
+    whole group, once, under the same guard; its failure, a wrong number of values
+    included, is each answer's failed component.
+
     Named rewards with a set-up (``reward_model``, ``llm_judge``) check their options
     here, and under thread isolation load their models here too.
     """
@@ -209,86 +321,46 @@ class CompositeReward:
         if on_error not in ("fail", "zero"):
             raise ValueError(f"on_error must be 'fail' or 'zero', got {on_error!r}")
         self.on_error = on_error
-        self.fns: dict[str, RewardFn] = {}
-        self.weights: dict[str, float] = {}
-        self.domains: dict[str, frozenset[str] | None] = {}
-        preload: list[str] = []
-        setups: list[tuple[str, Setup, dict[str, Any]]] = []
+        self.parts: dict[str, _Part] = {}
         for comp in components:
-            self._add(comp, preload, setups)
+            base, part = _part(comp)
+            name, k = base, 1
+            while name in self.parts:
+                k += 1
+                name = f"{base}#{k}"
+            self.parts[name] = part
+        self.fns: dict[str, RewardFn] = {n: p.fn for n, p in self.parts.items() if not p.group}
+        self.group_fns = {n: p.fn for n, p in self.parts.items() if p.group}
+        self.weights = {n: p.weight for n, p in self.parts.items()}
+        self.domains = {n: p.domains for n, p in self.parts.items()}
         backend = guard.backend if guard else isolation
         if backend == "process":
-            self._check_picklable()
-        for module in preload:
-            importlib.import_module(module)
-        for name, setup, options in setups:  # (process workers load on their first call)
-            try:
-                setup(options, backend == "thread")
-            except (OSError, ValueError) as e:
-                raise ValueError(f"reward component {name!r}: {e}") from e
+            _check_picklable(self.parts)
+        preload = _set_up(self.parts, backend == "thread")
         self._owns_guard = guard is None
         self.guard = guard or RewardGuard(
-            timeout_s,
-            backend=isolation,
-            memory_limit_mb=memory_limit_mb,
-            preload=tuple(dict.fromkeys(preload)),
+            timeout_s, backend=isolation, memory_limit_mb=memory_limit_mb, preload=preload
         )
-
-    def _add(
-        self,
-        comp: Component,
-        preload: list[str],
-        setups: list[tuple[str, Setup, dict[str, Any]]],
-    ) -> None:
-        """Resolve one component to its function, name it (repeats get ``#2``...), and
-        note the modules it preloads and the set-up it needs."""
-        if len(comp) not in (2, 3, 4):
-            form = "(name_or_fn, weight[, options[, domains]])"
-            raise ValueError(f"reward component must be {form}: {comp!r}")
-        ref, weight = comp[0], float(comp[1])
-        options = (comp[2] if len(comp) >= 3 else None) or {}
-        domains = _domains(comp[3] if len(comp) == 4 else None, comp)
-        if isinstance(ref, str):
-            options = reward_options(ref, options)
-            fn, base = get_reward(ref, **options), ref
-            if ref in _IMPORTS:
-                preload.extend(_IMPORTS[ref])
-        elif callable(ref):
-            fn = functools.partial(ref, **options) if options else ref
-            base = getattr(ref, "__name__", type(ref).__name__)
-        else:
-            raise ValueError(f"reward component must be a name or a function, got {ref!r}")
-        name, k = base, 1
-        while name in self.fns:
-            k += 1
-            name = f"{base}#{k}"
-        self.fns[name], self.weights[name], self.domains[name] = fn, weight, domains
-        if isinstance(ref, str) and ref in _SETUPS:
-            setups.append((name, _SETUPS[ref], options))
-
-    def _check_picklable(self) -> None:
-        """Process isolation sends every component to a worker: each must pickle."""
-        for name, fn in self.fns.items():
-            try:
-                pickle.dumps(fn)
-            except Exception as e:
-                raise ValueError(
-                    f"reward component {name!r} cannot run in a worker process (it must be "
-                    f"a module-level function or a partial of one): {e}"
-                ) from e
 
     @property
     def names(self) -> list[str]:
-        return list(self.fns)
+        return list(self.parts)
+
+    @property
+    def has_group(self) -> bool:
+        """Whether some component scores whole groups (:meth:`ascore_group`)."""
+        return bool(self.group_fns)
+
+    def _admits(self, name: str, item: Item) -> bool:
+        return (allowed := self.domains[name]) is None or item_domain(item) in allowed
 
     def applicable(self, item: Item) -> dict[str, RewardFn]:
-        """The components that score ``item`` (those whose ``domains`` admit its domain)."""
-        domain = item_domain(item)
-        return {
-            name: fn
-            for name, fn in self.fns.items()
-            if (allowed := self.domains[name]) is None or domain in allowed
-        }
+        """The per-answer components that score ``item`` (their ``domains`` admit it)."""
+        return {name: fn for name, fn in self.fns.items() if self._admits(name, item)}
+
+    def applicable_group(self, item: Item) -> dict[str, Callable[..., list[float]]]:
+        """The group components that score ``item``'s group."""
+        return {name: fn for name, fn in self.group_fns.items() if self._admits(name, item)}
 
     def _combine(self, outcomes: dict[str, Outcome]) -> RewardResult:
         components = {name: o.value for name, o in outcomes.items()}
@@ -298,8 +370,16 @@ class CompositeReward:
         total = sum((self.weights[n] * (v or 0.0) for n, v in components.items()), 0.0)
         return RewardResult(total, components, errors)
 
+    def _per_answer(self, outcomes: dict[str, Outcome], n: int) -> list[RewardResult]:
+        """Group outcomes (lists of ``n`` values, or errors) as one result per answer."""
+        return [
+            self._combine({k: Outcome(o.value[i]) if o.ok else o for k, o in outcomes.items()})
+            for i in range(n)
+        ]
+
     def __call__(self, completion: str, item: Item) -> RewardResult:
-        """Score one completion (blocks at most about ``timeout_s``)."""
+        """Score one completion (blocks at most about ``timeout_s``) by its per-answer
+        components."""
         fns = self.applicable(item)
         futures = {n: self.guard.submit(fn, completion, item) for n, fn in fns.items()}
         return self._combine({n: self.guard.outcome(f) for n, f in futures.items()})
@@ -310,6 +390,23 @@ class CompositeReward:
         futures = {n: self.guard.submit(fn, completion, item) for n, fn in fns.items()}
         outcomes = await asyncio.gather(*(self.guard.aoutcome(f) for f in futures.values()))
         return self._combine(dict(zip(futures, outcomes, strict=True)))
+
+    def score_group(self, completions: Sequence[str], item: Item) -> list[RewardResult]:
+        """The group components' results for each of ``completions`` (the answers of one
+        item's group, in order; a :class:`~streamrl.rollout.rewards.group.Completions`
+        carries their token lengths). Blocks at most about ``timeout_s``."""
+        fns = self.applicable_group(item)
+        futures = {n: self.guard.submit(run_group, fn, completions, item) for n, fn in fns.items()}
+        outcomes = {n: self.guard.outcome(f, group=True) for n, f in futures.items()}
+        return self._per_answer(outcomes, len(completions))
+
+    async def ascore_group(self, completions: Sequence[str], item: Item) -> list[RewardResult]:
+        """Async :meth:`score_group`: never blocks the event loop."""
+        fns = self.applicable_group(item)
+        futures = {n: self.guard.submit(run_group, fn, completions, item) for n, fn in fns.items()}
+        waits = (self.guard.aoutcome(f, group=True) for f in futures.values())
+        outcomes = dict(zip(futures, await asyncio.gather(*waits), strict=True))
+        return self._per_answer(outcomes, len(completions))
 
     def close(self) -> None:
         """Stop the guard's workers if this composite created the guard."""
@@ -331,6 +428,21 @@ def build_reward(cfg: RewardConfig) -> CompositeReward:
     """The run's reward: ``reward.components`` (each with its ``domains``) under a guard of
     ``reward.isolation``."""
     components = [(c.name, c.weight, c.options, c.domains) for c in cfg.components]
+    return CompositeReward(
+        components,
+        timeout_s=cfg.timeout_s,
+        isolation=cfg.isolation,
+        memory_limit_mb=cfg.memory_limit_mb,
+    )
+
+
+def build_group_reward(cfg: RewardConfig) -> CompositeReward | None:
+    """The run's group components alone (for an endpoint, whose clients report the
+    per-answer reward themselves), or None when it has none."""
+    components = [(c.name, c.weight, c.options, c.domains) for c in cfg.components]
+    components = [c for c in components if is_group(c[0])]
+    if not components:
+        return None
     return CompositeReward(
         components,
         timeout_s=cfg.timeout_s,

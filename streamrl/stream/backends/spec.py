@@ -27,7 +27,8 @@ from streamrl.rollout.worker import Emit, RolloutWorker
 
 def make_worker(spec: RolloutSpec, engine: Any, tokenizer: Any, emit: Emit) -> RolloutWorker:
     """The rollout worker of a run: the run's episode and algorithm on ``engine``."""
-    episode = build_episode(spec.episode, tokenizer, build_reward(spec.reward))
+    reward = build_reward(spec.reward)
+    episode = build_episode(spec.episode, tokenizer, reward)
     sampling = sampling_params(spec.rollout, tokenizer)
     return RolloutWorker(
         engine,
@@ -37,6 +38,7 @@ def make_worker(spec: RolloutSpec, engine: Any, tokenizer: Any, emit: Emit) -> R
         group_size=spec.rollout.group_size,
         seed=spec.seed,
         sampler=build_sampler(spec.selection, spec.rollout, spec.seed, tokenizer, sampling),
+        reward=reward,
     )
 
 

@@ -93,7 +93,7 @@ def build_app(pool: EndpointPool) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/reward")
     async def reward(session_id: str, request: Request) -> dict[str, Any]:
         body = parse_body(await request.body(), RewardRequest)
-        pool.report_reward(session_id, body.reward, body.rewards)
+        await pool.report_reward(session_id, body.reward, body.rewards)
         return {"session_id": session_id, "status": "recorded"}
 
     return app

@@ -43,9 +43,11 @@ import torch
 from streamrl.algorithms import Filtered, build_algorithm
 from streamrl.config import EndpointConfig
 from streamrl.core.messages import GroupDone, GroupRejected
-from streamrl.core.types import GenerationRequest, GenerationResult, SamplingParams
+from streamrl.core.types import GenerationRequest, GenerationResult, Item, SamplingParams
 from streamrl.engines.factory import make_inference_engine
 from streamrl.rollout.episodes import trajectory_from_result
+from streamrl.rollout.rewards import build_group_reward
+from streamrl.rollout.rewards.scoring import add_group_rewards
 from streamrl.rollout.spec import RolloutSpec
 from streamrl.rollout.worker import sampling_seed
 from streamrl.stream.backends.local import drive_engine
@@ -92,6 +94,8 @@ class EndpointPool(PoolBooks):
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._active_calls = 0
+        # the run's group reward components score each session's completions as a group
+        self.group_reward = build_group_reward(spec.reward)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -128,6 +132,8 @@ class EndpointPool(PoolBooks):
         if self._thread is not None:
             self._thread.join(30)
         self.engine.close()
+        if self.group_reward is not None:
+            self.group_reward.close()
         c = {**self.counts, **self.table.counts}
         self.log.info(
             "endpoint stopped: %(calls)d calls (%(failed_calls)d failed), %(sessions)d "
@@ -243,8 +249,11 @@ class EndpointPool(PoolBooks):
             ]
         return results
 
-    def report_reward(self, session_id: str, reward: float | None, rewards: list[float] | None):
-        """Ends a session with its reward(s): its completions, scored, go through the
+    async def report_reward(
+        self, session_id: str, reward: float | None, rewards: list[float] | None
+    ) -> None:
+        """Ends a session with its reward(s): its completions, scored (the client's
+        reward plus the run's group reward components, if any), go through the
         algorithm's group filter into the stream as one group."""
         session = self.table.ending(session_id)
         trajs = session.trajectories()
@@ -264,8 +273,18 @@ class EndpointPool(PoolBooks):
         for t, r in zip(trajs, rewards, strict=True):
             t.reward = float(r)
             t.metadata["reward_components"] = {self.spec.reward.correct_reward: float(r)}
+        if self.group_reward is not None:
+            for t in trajs:
+                ids = t.input_ids[t.loss_mask].tolist()
+                t.metadata["completion"] = self.tokenizer.decode(ids, skip_special_tokens=True)
+            await add_group_rewards(self.group_reward, Item(id=session_id, prompt=""), trajs)
+            for t in trajs:
+                if errors := t.metadata.get("reward_errors"):
+                    name, text = next(iter(errors.items()))
+                    reason = f"reward_error:{name}"
+                    return self._end(GroupRejected(index, "failed", reason, text))
         kept = self.algorithm.finish_group(trajs, {})
-        total = float(sum(rewards))
+        total = float(sum(t.reward for t in trajs))
         if isinstance(kept, Filtered):
             self._end(GroupRejected(index, "filtered", kept.reason, "", total, len(trajs)))
         else:

@@ -100,7 +100,9 @@ def test_format_reward() -> None:
     assert format_reward("46", ITEM, pattern=ANSWER_TAG_PATTERN) == 0.0
     tagged = get_reward("format_reward", pattern=ANSWER_TAG_PATTERN)
     assert tagged("<answer>x</answer>", ITEM) == 1.0
-    with pytest.raises(ValueError, match=r"unknown reward 'nope'; known: .*\bexact_match\b"):
+    with pytest.raises(
+        ValueError, match=r"unknown reward 'nope'; known: .*\bexact_match\b.*\bmajority_vote\b"
+    ):
         get_reward("nope")
 
 

@@ -296,7 +296,8 @@ def test_the_session_orders_its_hooks_so_each_sees_what_it_needs(tmp_path) -> No
     """Placement first (it adds placement/time_shared, the evaluation pauses by it), the
     early ends before the checkpoint (a stopped run writes its final one), the checkpoint
     before the graceful stop (which reports it written), the stop before lending (a stop
-    ends the wait before the engines are driven)."""
+    ends the wait before the engines are driven); the monitors after the evaluation
+    (they read its accuracy)."""
     from types import SimpleNamespace
 
     from streamrl.run.rl import RLStage
@@ -308,9 +309,10 @@ def test_the_session_orders_its_hooks_so_each_sees_what_it_needs(tmp_path) -> No
     )
     stage = RLStage()
     stage.cfg, stage.summary, stage.stop, stage.progress = cfg, {}, FakeStop(), print
-    stage.inputs = SimpleNamespace(source=build_task_source("arithmetic"))
+    reward = SimpleNamespace(weights={"numeric_match": 1.0})
+    stage.inputs = SimpleNamespace(source=build_task_source("arithmetic"), reward=reward)
     stage.evaluate = lambda tag: {}
-    stage.run = SimpleNamespace(metrics=SimpleNamespace(log=print))
+    stage.run = SimpleNamespace(metrics=SimpleNamespace(log=print), log=None)
     plan = Placement(False, 1, 1, None, (None,))
     hooks = stage.step_hooks(FakePool(), FakeStream([]), SimpleNamespace(rl_seconds=float), plan)
     names = [type(h).__name__ for h in hooks.hooks]
@@ -319,6 +321,7 @@ def test_the_session_orders_its_hooks_so_each_sees_what_it_needs(tmp_path) -> No
         "TimeSharing",
         "Evaluation",
         "StopAtEval",
+        "Monitors",
         "TimeBudget",
         "Checkpoints",
         "StopOnRequest",
