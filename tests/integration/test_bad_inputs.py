@@ -224,7 +224,9 @@ def _non_finite_cases() -> list[tuple[str, str]]:
         if typing.get_origin(ann) is typing.Literal:
             continue
         if typing.get_origin(ann) is dict or ann is dict:
-            cases.append((_override(path, "{x: {y: .nan}}"), f"{key}.x.y"))
+            values = typing.get_args(ann)[1:] or [typing.Any]
+            if values[0] is typing.Any or any(t in str(values[0]) for t in ("Any", "float")):
+                cases.append((_override(path, "{x: {y: .nan}}"), f"{key}.x.y"))
         elif "list[float]" in text:
             cases.append((_override(path, "[.inf, 1.0]"), f"{key}.0"))
         elif ann is float or "float" in text:
