@@ -42,7 +42,7 @@ def outcomes(engine, tokenizer, cfg, items, repeats: int, stratified: bool) -> n
     """(items, repeats, G) 0/1 outcomes of the run's correctness reward."""
     g, params, reward = (
         cfg.rollout.group_size,
-        sampling_params(cfg, tokenizer),
+        sampling_params(cfg.rollout, tokenizer),
         build_reward(cfg.reward),
     )
     draws = draws_named("stratified" if stratified else "independent")

@@ -69,6 +69,7 @@ def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
     from streamrl.models import load_model
     from streamrl.rollout.episodes import build_episode
     from streamrl.rollout.rewards import build_reward
+    from streamrl.run.assembly import episode_spec
     from streamrl.sources import build_task_source
 
     cfg = load_config("examples/smollm2.yaml", [*WORKLOAD, f"eval.heldout_size={heldout}"])
@@ -76,7 +77,7 @@ def heldout_scorer(heldout: int, seed: int, name_or_path: str | None = None):
     model, tok = load_model(name_or_path or cfg.model.name_or_path)
     reward = build_reward(cfg.reward)
     source = build_task_source(cfg.data.kind, **cfg.data.options)
-    episode = build_episode(cfg, tok, reward, max_new_tokens=cfg.eval.max_new_tokens)
+    episode = build_episode(episode_spec(cfg), tok, reward, max_new_tokens=cfg.eval.max_new_tokens)
     heldout_items = source.heldout(cfg.eval.heldout_size)
 
     def accuracy() -> float:

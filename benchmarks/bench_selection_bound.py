@@ -227,7 +227,7 @@ def main() -> None:
     for state in args.states:
         t0 = time.perf_counter()
         model, tokenizer = load_state(args.run, state)
-        engine, params = LocalEngine(model, tokenizer), sampling_params(cfg, tokenizer)
+        engine, params = LocalEngine(model, tokenizer), sampling_params(cfg.rollout, tokenizer)
         p_hat = reference_probability(engine, tokenizer, items, params)
         successes = sampled_successes(
             engine, tokenizer, items, cfg, params, args.samples, args.seed

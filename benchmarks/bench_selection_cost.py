@@ -60,7 +60,7 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(str(args.run / "model"))
     model.eval()
     engine = LocalEngine(model, tokenizer)
-    params = sampling_params(cfg, tokenizer)
+    params = sampling_params(cfg.rollout, tokenizer)
     gate = LikelihoodGate(tokenizer, params, cfg.rollout.group_size, 0.5)
     source = build_task_source(cfg.data.kind, **cfg.data.options).train_iter(cfg.seed + 1)
     items = list(itertools.islice(source, args.candidates + args.groups))

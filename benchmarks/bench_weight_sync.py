@@ -39,6 +39,7 @@ import torch
 
 from streamrl.config import load_config
 from streamrl.models import load_model_and_tokenizer
+from streamrl.run.assembly import rollout_spec
 from streamrl.sources import build_task_source
 from streamrl.stream.backends import RolloutPool, make_backend, plan_placement
 from streamrl.stream.sample_stream import SampleStream
@@ -109,7 +110,9 @@ def bench(model: torch.nn.Module, tokenizer, name: str, backend: str, workers: i
     weights = fresh_weights(model, 0)
     engine_model = copy.deepcopy(model).eval()  # the controller's engine copy
     t0 = time.perf_counter()
-    be = make_backend(cfg, plan_placement(cfg), engine_model, tokenizer, weights, "cpu")
+    placement = plan_placement(cfg.runtime)
+    spec = rollout_spec(cfg)
+    be = make_backend(cfg.runtime, spec, placement, engine_model, tokenizer, weights, "cpu")
     stream = SampleStream(items_per_batch=4, max_staleness=1)
     items = build_task_source("arithmetic", digits=2, operators="+").train_iter(0)
     pool = RolloutPool(be, stream, items, worker_timeout_s=cfg.runtime.worker_timeout_s)

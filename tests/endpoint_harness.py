@@ -16,6 +16,7 @@ from streamrl.config import Config
 from streamrl.core.types import GenerationResult
 from streamrl.engines.inference.engine import EngineStats
 from streamrl.models import load_model_and_tokenizer
+from streamrl.run.assembly import rollout_spec
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.sample_stream import SampleStream
 from tests.tiny_run import tiny_rl_config
@@ -87,7 +88,8 @@ def served(
     real = engine == "real"
     stream = stream or SampleStream(1, 0)
     pool = EndpointPool(
-        cfg,
+        cfg.endpoint,
+        rollout_spec(cfg),
         model.eval() if real else None,
         tokenizer,
         model.state_dict() if real else {},

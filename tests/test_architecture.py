@@ -189,3 +189,142 @@ def test_only_the_algorithms_package_branches_on_algorithm_names() -> None:
             ):
                 hits.append(f"{mod}:{node.lineno}: {ast.unparse(node)}")
     assert not hits, "\n".join(hits)
+
+
+# ------------------------------------------------------------------ narrow configs
+
+# The packages that assemble a run hand each component its own section; the schema
+# itself (config/) defines the whole Config.
+ASSEMBLY = ("streamrl.run", "streamrl.recipes", "streamrl.cli", "streamrl.config")
+CONFIG_NAMES = ("cfg", "config")  # what a config is called; its holder: cfg, self.cfg, pool.cfg
+
+
+def _components() -> dict[str, Path]:
+    return {
+        m: p
+        for m, p in MODULES.items()
+        if not any(m == a or m.startswith(a + ".") for a in ASSEMBLY)
+    }
+
+
+def _names_config(node: ast.expr | None) -> bool:
+    """An annotation that names ``Config`` (also as a string, or inside ``X | None``)."""
+    if node is None:
+        return False
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            try:
+                if _names_config(ast.parse(n.value, mode="eval").body):
+                    return True
+            except SyntaxError:
+                continue
+        if (isinstance(n, ast.Name) and n.id == "Config") or _is_streamrl_config(n):
+            return True
+    return False
+
+
+def _is_streamrl_config(node: ast.AST) -> bool:
+    """``streamrl.config.Config`` and the like (``uvicorn.Config`` is another one)."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "Config"
+        and ast.unparse(node.value).startswith("streamrl")
+    )
+
+
+def whole_config_uses(path: Path) -> list[str]:
+    """Where a module takes the whole ``Config``: an import of it (``TYPE_CHECKING``
+    imports too: a signature that names it takes all of it), an annotation naming it,
+    and a parameter called ``cfg``/``config`` whose type is not given (or ``Any``)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamrl"):
+            if any(a.name == "Config" for a in node.names):
+                bad.append(f"{node.lineno}: imports Config from {node.module}")
+        elif _is_streamrl_config(node):
+            bad.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.arg):
+            ann = ast.unparse(node.annotation) if node.annotation else ""
+            if _names_config(node.annotation):
+                bad.append(f"{node.lineno}: {node.arg}: {ann}")
+            elif node.arg in CONFIG_NAMES and ann in ("", "Any", "typing.Any"):
+                bad.append(f"{node.lineno}: {node.arg}: {ann or '(no type)'} names no section")
+    return bad
+
+
+def test_only_the_assembly_packages_take_the_whole_config() -> None:
+    """A component takes its own section, or a small typed spec of the sections it reads
+    (``EpisodeSpec``, ``RolloutSpec``, ``SamplerContext``, the algorithm's ``RunContext``),
+    built by ``run/assembly.py``; only ``run/``, ``recipes/`` and ``cli/`` hold the whole
+    ``Config``."""
+    bad = [f"{m}:{hit}" for m, p in _components().items() for hit in whole_config_uses(p)]
+    assert not bad, "\n".join(bad)
+
+
+def cross_section_reads(path: Path, sections: set[str]) -> list[str]:
+    """``<holder>.<section>`` where the holder is called ``cfg``/``config`` (``cfg``,
+    ``self.cfg``, ``pool.cfg``...) and ``<section>`` is a field of the whole ``Config``:
+    the whole config in disguise, whatever its annotation says."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Attribute) and node.attr in sections):
+            continue
+        holder = node.value
+        name = holder.id if isinstance(holder, ast.Name) else getattr(holder, "attr", "")
+        if name in CONFIG_NAMES:
+            bad.append(f"{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_no_component_reaches_across_sections() -> None:
+    """``cfg.stream.max_staleness`` inside an algorithm is the whole config under another
+    name: outside the assembly packages nothing reads a top-level section off a config
+    (a value another section holds is passed by the caller, named)."""
+    from streamrl.config import Config
+
+    sections = set(Config.model_fields)
+    bad = [
+        f"{m}:{hit}" for m, p in _components().items() for hit in cross_section_reads(p, sections)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "hits"),
+    [
+        ("from streamrl.config import Config", 1),
+        ("if TYPE_CHECKING:\n    from streamrl.config.schema import Config", 1),
+        ("def f(cfg: 'Config | None'): ...", 1),
+        ("def f(x: streamrl.config.Config): ...", 2),  # the annotation and the attribute
+        ("def f(cfg): ...", 1),
+        ("def f(config: Any): ...", 1),
+        ("def f(cfg: RolloutConfig, config: dict[str, Any]): ...", 0),
+        ("from streamrl.config import RolloutConfig, RunContext", 0),
+        ("server = uvicorn.Server(uvicorn.Config(app))", 0),
+    ],
+)
+def test_the_whole_config_rule_sees_each_form(tmp_path: Path, source: str, hits: int) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(source + "\n")
+    assert len(whole_config_uses(path)) == hits, whole_config_uses(path)
+
+
+@pytest.mark.parametrize(
+    ("source", "hits"),
+    [
+        ("cfg.stream.max_staleness", 1),
+        ("self.cfg.reward.correct_reward", 1),
+        ("pool.cfg.endpoint", 1),
+        ("a = config.agent", 1),
+        ("cfg.seed", 1),
+        ("self.cfg.ppo.gamma", 0),  # an algorithm's own section
+        ("spec.rollout.group_size", 0),  # a spec names what it holds
+        ("model.config.hidden_size", 0),
+    ],
+)
+def test_the_cross_section_rule_sees_each_form(tmp_path: Path, source: str, hits: int) -> None:
+    from streamrl.config import Config
+
+    path = tmp_path / "m.py"
+    path.write_text(source + "\n")
+    assert len(cross_section_reads(path, set(Config.model_fields))) == hits

@@ -17,6 +17,7 @@ from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.episodes.base import SamplesWith
 from streamrl.rollout.rewards import build_reward
+from streamrl.run.assembly import episode_spec
 from streamrl.run.tracking import write_json
 from streamrl.sources import build_task_source
 
@@ -59,7 +60,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
     )
     cfg.rollout.temperature = temperature
     episode = build_episode(
-        cfg, tokenizer, build_reward(cfg.reward), max_new_tokens=cfg.eval.max_new_tokens
+        episode_spec(cfg),
+        tokenizer,
+        build_reward(cfg.reward),
+        max_new_tokens=cfg.eval.max_new_tokens,
     )
     result = evaluate_model(
         model,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from streamrl.config import Config
+    from streamrl.config import RolloutConfig
     from streamrl.engines.inference.quantize import EngineWeights
 
 
@@ -58,27 +58,26 @@ def make_inference_engine(
     )
 
 
-def engine_options(cfg: Config) -> dict[str, Any]:
-    """The rollout engine's settings from ``cfg.rollout``, for every place that builds
-    one (backends, workers, endpoint, recipes), so they all build the same engine."""
-    r = cfg.rollout
+def engine_options(rollout: RolloutConfig, max_staleness: int) -> dict[str, Any]:
+    """The rollout engine's settings from the ``rollout`` section, for every place that
+    builds one (backends, workers, endpoint, recipes), so they all build the same engine;
+    ``max_staleness`` is the stream's eta (:func:`batch_invariant`)."""
     return {
-        "decode_slots": r.decode_slots,
-        "weights": r.engine_weights,
-        "compile_decode": r.compile,
-        "engine": r.engine,
-        "vllm": r.vllm.model_dump(),
-        "batch_invariant": batch_invariant(cfg),
+        "decode_slots": rollout.decode_slots,
+        "weights": rollout.engine_weights,
+        "compile_decode": rollout.compile,
+        "engine": rollout.engine,
+        "vllm": rollout.vllm.model_dump(),
+        "batch_invariant": batch_invariant(rollout, max_staleness),
     }
 
 
-def batch_invariant(cfg: Config) -> bool:
+def batch_invariant(rollout: RolloutConfig, max_staleness: int) -> bool:
     """``rollout.batch_invariant`` resolved: 'auto' is on at ``stream.max_staleness=0``
     (where runs are bit-exact), for the built-in engine without ``rollout.compile``."""
-    r = cfg.rollout
-    if r.batch_invariant != "auto":
-        return bool(r.batch_invariant)
-    return cfg.stream.max_staleness == 0 and r.engine == "local" and not r.compile
+    if rollout.batch_invariant != "auto":
+        return bool(rollout.batch_invariant)
+    return max_staleness == 0 and rollout.engine == "local" and not rollout.compile
 
 
 def make_train_engine(model: torch.nn.Module, *, seed: int = 0, **kwargs: Any) -> Any:

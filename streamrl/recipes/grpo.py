@@ -36,13 +36,14 @@ from streamrl.analysis.evaluate import evaluate_model
 from streamrl.config import Config, RunContext, load_config
 from streamrl.core.messages import GroupDone
 from streamrl.core.timing import StageTimer
-from streamrl.engines.factory import batch_invariant, engine_options, make_inference_engine
+from streamrl.engines.factory import engine_options, make_inference_engine
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.rewards import build_reward
 from streamrl.rollout.selection import GroupSampler, draws_named
 from streamrl.rollout.worker import rollout_group
+from streamrl.run.assembly import episode_spec
 from streamrl.sources import build_task_source
 from streamrl.stream.sample_stream import Group
 
@@ -65,7 +66,8 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
     # ---- 2. Inference engine, trainer, episode, algorithm ------------------------
     # The engine decodes with its own copy of the weights (batched KV cache); every
     # generated token comes back with its behaviour log-prob and weight version.
-    engine = make_inference_engine(copy.deepcopy(model).eval(), tokenizer, **engine_options(cfg))
+    options = engine_options(cfg.rollout, cfg.stream.max_staleness)  # the engine's settings
+    engine = make_inference_engine(copy.deepcopy(model).eval(), tokenizer, **options)
     trainer = TrainEngine(
         model,
         weight_decay=cfg.train.weight_decay,
@@ -73,11 +75,12 @@ def grpo(cfg: Config, log=print) -> tuple[TrainEngine, Any]:
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         compile_layers=cfg.train.compile,
         keep_freed_memory=cfg.runtime.keep_freed_memory,
-        batch_invariant=batch_invariant(cfg),  # the engine's numbers (rollout.batch_invariant)
+        # the engine's numbers (rollout.batch_invariant)
+        batch_invariant=options["batch_invariant"],
     )
     # The episode turns an item into one scored trajectory (prompt tokens masked);
     # the algorithm owns advantages, extra forwards and the loss.
-    episode = build_episode(cfg, tokenizer, reward)
+    episode = build_episode(episode_spec(cfg), tokenizer, reward)
     algo = build_algorithm(cfg.algorithm, RunContext.of(cfg))
 
     # ---- 3. Optional supervised warm-start --------------------------------------
@@ -179,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer, tokenizer = grpo(cfg)
     # ---- 5. Evaluate the trained policy greedily, with the same episode ------------
     reward = build_reward(cfg.reward)
-    episode = build_episode(cfg, tokenizer, reward, max_new_tokens=cfg.eval.max_new_tokens)
+    episode = build_episode(
+        episode_spec(cfg), tokenizer, reward, max_new_tokens=cfg.eval.max_new_tokens
+    )
     heldout = build_task_source(cfg.data.kind, **cfg.data.options).heldout(cfg.eval.heldout_size)
     result = evaluate_model(trainer.model, tokenizer, episode, heldout, cfg.reward.correct_reward)
     print(f"held-out greedy accuracy after GRPO: {result.accuracy:.3f} ({len(heldout)} items)")

@@ -108,7 +108,7 @@ def train(
     loop runs in a Ray actor."""
     run_dir = Path(resume_dir) if resume_dir is not None else None
     if cfg.runtime.backend == "ray":
-        placement = plan_placement(cfg)
+        placement = plan_placement(cfg.runtime)
         cpus = 1 if placement.colocated else placement.trainer_threads
         workers = 0 if placement.colocated else placement.worker_threads
         slots = cpus + workers * len(placement.worker_cpus)  # what the actors will ask for

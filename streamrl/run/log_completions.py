@@ -33,6 +33,7 @@ from streamrl.engines.factory import make_inference_engine
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.rewards import build_reward
+from streamrl.run.assembly import episode_spec
 from streamrl.sources import build_task_source
 
 SEED_OFFSET = 4  # which training items are logged: train_iter(cfg.seed + 4)
@@ -58,7 +59,7 @@ def sample_completions(
     model: Any, tokenizer: Any, cfg: Config, items: list[Item], n: int, device: str = "cpu"
 ) -> LogResult:
     """``n`` sampled completions of every item, scored by the run's reward."""
-    episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
+    episode = build_episode(episode_spec(cfg), tokenizer, build_reward(cfg.reward))
     engine = make_inference_engine(
         model, tokenizer, decode_slots=cfg.rollout.decode_slots, device=device
     )

@@ -26,7 +26,7 @@ from streamrl.config import Config, RunContext, source_of
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.core.types import Item
 from streamrl.models.loading import check_model_source, load_tokenizer
-from streamrl.models.policies import POLICY_PRESETS, PolicyOptions, names_a_policy
+from streamrl.models.policies import POLICY_PRESETS, PolicyOptions
 from streamrl.models.tokenizer import encode_prompt
 from streamrl.rollout.episodes import build_episode, episode_kinds
 from streamrl.rollout.episodes.base import MeasuresPrompts
@@ -37,7 +37,8 @@ from streamrl.rollout.rewards import (
     reward_names,
     reward_options,
 )
-from streamrl.rollout.selection import UnknownKind, check_draws, check_sampler
+from streamrl.rollout.selection import SamplerContext, UnknownKind, check_draws, check_sampler
+from streamrl.run.assembly import episode_spec, policy_run, sampler_context
 from streamrl.sources import (
     DATA_OPTIONS,
     TaskSource,
@@ -65,12 +66,6 @@ class Inputs:
     heldout: list[Item]
     algorithm: Algorithm
     sandbox: str = "unused"  # the python tool's isolation level (check_sandbox)
-
-
-def policy_run(cfg: Config) -> bool:
-    """Whether the run trains an environment policy (a gym episode, or a policy preset or
-    saved policy as the model), not a language model."""
-    return cfg.rollout.episode == "gym" or names_a_policy(cfg.model.name_or_path)
 
 
 def check_reward_options(cfg: Config) -> None:
@@ -401,9 +396,9 @@ def check_selection(cfg: Config) -> None:
     _sampler_check(check_sampler, cfg)
 
 
-def _sampler_check(check: Callable[[Config], None], cfg: Config) -> None:
+def _sampler_check(check: Callable[[SamplerContext], None], cfg: Config) -> None:
     try:
-        check(cfg)
+        check(sampler_context(cfg))
     except UnknownKind as e:
         raise PreflightError(f"{source_of(cfg).where(e.key)}: {e}") from None
     except ValueError as e:
@@ -537,7 +532,7 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     reward = build_reward(cfg.reward)  # (a reward's set-up checks its options' values)
     try:
         # the episode the run will build (an agent's tools and parser are checked here)
-        episode = build_episode(cfg, lm.tokenizer, reward) if lm is not None else None
+        episode = build_episode(episode_spec(cfg), lm.tokenizer, reward) if lm is not None else None
         check_prompt_lengths(cfg, first, heldout, lm, episode)
         if output_dir:
             check_output_dir(cfg.run.output_dir)

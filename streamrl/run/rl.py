@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from streamrl.run.assembly import rollout_spec
 from streamrl.run.checkpoint import Checkpoint, set_rng_state
 from streamrl.run.checkpointing import CheckpointState
 from streamrl.run.evaluation import Evaluator
@@ -52,12 +53,14 @@ class RLStage(CheckpointState):
             trainer.load_checkpoint_state(ckpt.trainer)
             self.algo.load_state_dict(ckpt.algorithm)
             version, pool_state = ckpt.step, ckpt.state["pool"]
-        placement = plan_placement(cfg)
+        placement = plan_placement(cfg.runtime)
         stream = SampleStream(
             t.items_per_step, cfg.stream.max_staleness, cfg.stream.max_inflight_items
         )
         pool = make_pool(
-            cfg,
+            cfg.endpoint,
+            cfg.runtime,
+            rollout_spec(cfg),
             source=self.inputs.source,
             engine_model=engine_model,
             tokenizer=self.tokenizer,

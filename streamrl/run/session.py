@@ -36,6 +36,7 @@ from streamrl.engines.factory import batch_invariant, make_train_engine
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
+from streamrl.run.assembly import episode_spec
 from streamrl.run.checkpoint import Checkpoint
 from streamrl.run.evaluation import Evaluator, after_summary
 from streamrl.run.hooks.monitors import final_status
@@ -87,7 +88,7 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
         micro_batch_sequences=cfg.train.micro_batch_sequences,
         device=resolve_device(cfg.runtime.device),
         keep_freed_memory=cfg.runtime.keep_freed_memory,
-        batch_invariant=batch_invariant(cfg),
+        batch_invariant=batch_invariant(cfg.rollout, cfg.stream.max_staleness),
     )
     if cfg.train.compile:
         kwargs["compile_layers"] = True
@@ -206,8 +207,9 @@ class Session(PreRLStages, RLStage):
         )
         self.model = model.to(self.device)
         self.summary["model_parameters"] = model.num_parameters()
+        spec = episode_spec(cfg)
         episode = build_episode(
-            cfg, self.tokenizer, self.inputs.reward, max_new_tokens=cfg.eval.max_new_tokens
+            spec, self.tokenizer, self.inputs.reward, max_new_tokens=cfg.eval.max_new_tokens
         )
         self.evaluate = Evaluator(
             cfg, self.model, self.tokenizer, episode, self.inputs.heldout, self.device, self.run.log

@@ -16,6 +16,7 @@ from streamrl.algorithms.stages import (
 from streamrl.core.timing import StageTimer
 from streamrl.engines.train.engine import TrainEngine
 from streamrl.rollout.episodes import build_episode
+from streamrl.run.assembly import episode_spec
 from streamrl.run.checkpoint import Checkpoint, set_rng_state
 from streamrl.run.checkpointing import CheckpointState
 from streamrl.run.evaluation import Evaluator, summary_key
@@ -67,7 +68,7 @@ class PreRLStages(CheckpointState):
             cfg.seed,
             max_len=context_length(self.model),
             items=self.inputs.source.train_iter,
-            episode=lambda: build_episode(cfg, self.tokenizer, self.inputs.reward),
+            episode=lambda: build_episode(episode_spec(cfg), self.tokenizer, self.inputs.reward),
         )
         return STAGES[name](getattr(cfg, name), inputs)
 

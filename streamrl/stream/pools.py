@@ -30,7 +30,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from streamrl.config import EndpointConfig, RuntimeConfig
 from streamrl.rollout.selection import GroupSampler, build_sampler
+from streamrl.rollout.spec import RolloutSpec
 from streamrl.sources.base import TaskSource
 from streamrl.stream.backends import make_backend
 from streamrl.stream.backends.placement import Placement
@@ -97,7 +99,9 @@ class Pool(Protocol):
 
 
 def make_pool(
-    cfg: Any,
+    endpoint: EndpointConfig,
+    runtime: RuntimeConfig,
+    spec: RolloutSpec,
     *,
     source: TaskSource,
     engine_model: torch.nn.Module,
@@ -111,14 +115,16 @@ def make_pool(
     device: str,
     logger: logging.Logger,
 ) -> Pool:
-    """The configured pool, its engines loaded with ``weights`` as ``version``: external
-    agents through the HTTP endpoint (``endpoint.enabled``), else rollout workers on
-    ``runtime.backend`` fed by ``source`` (its first ``drawn`` items skipped: a resume)."""
-    if cfg.endpoint.enabled:
+    """The configured pool, its engines built from ``spec`` and loaded with ``weights``
+    as ``version``: external agents through the HTTP endpoint (``endpoint.enabled``), else
+    rollout workers on ``runtime.backend`` fed by ``source`` (its first ``drawn`` items
+    skipped: a resume)."""
+    if endpoint.enabled:
         from streamrl.stream.endpoint.pool import EndpointPool
 
         return EndpointPool(
-            cfg,
+            endpoint,
+            spec,
             engine_model,
             tokenizer,
             weights,
@@ -128,15 +134,17 @@ def make_pool(
             device=device,
             logger=logger,
         )
-    backend = make_backend(cfg, placement, engine_model, tokenizer, weights, device, version)
+    backend = make_backend(
+        runtime, spec, placement, engine_model, tokenizer, weights, device, version
+    )
     return RolloutPool(
         backend,
         stream,
-        itertools.islice(source.train_iter(cfg.seed), drawn, None),
-        max_restarts=cfg.runtime.max_worker_restarts,
-        worker_timeout_s=cfg.runtime.worker_timeout_s,
-        max_consecutive_failures=cfg.rollout.max_consecutive_failures,
-        max_dropped_in_a_row=cfg.algorithm.max_dropped_in_a_row,
+        itertools.islice(source.train_iter(spec.seed), drawn, None),
+        max_restarts=runtime.max_worker_restarts,
+        worker_timeout_s=runtime.worker_timeout_s,
+        max_consecutive_failures=spec.rollout.max_consecutive_failures,
+        max_dropped_in_a_row=spec.algorithm.max_dropped_in_a_row,
         logger=logger,
-        sampler=build_sampler(cfg.selection, cfg.rollout, cfg.seed),
+        sampler=build_sampler(spec.selection, spec.rollout, spec.seed),
     )

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from streamrl.models import load_model_and_tokenizer
+from streamrl.run.assembly import rollout_spec
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
 from streamrl.stream.backends import RolloutPool, WorkerSpec
@@ -138,7 +139,7 @@ def test_task_source_example_runs_from_the_documented_command(
 def test_backend_example_serves_the_pool(doc, tiny_config) -> None:
     cfg = tiny_config(*TWO_STEPS)
     model, tokenizer = load_model_and_tokenizer("tiny-small", seed=0)
-    spec = WorkerSpec(cfg, model.config, tokenizer)
+    spec = WorkerSpec(rollout_spec(cfg), model.config, tokenizer)
     backend = doc["OneThreadBackend"](spec, model.state_dict())
     stream = SampleStream(items_per_batch=2, max_staleness=0)
     pool = RolloutPool(backend, stream, build_task_source("arithmetic").train_iter(0))

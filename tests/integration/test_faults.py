@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.models import load_model_and_tokenizer
+from streamrl.run.assembly import rollout_spec
 from streamrl.run.launch import train
 from streamrl.sources import build_task_source
 from streamrl.stream.backends import RolloutPool, WorkerSpec, WorkersUnreachable
@@ -39,7 +40,7 @@ RUN = [
 
 def _backend(kind: str, cfg, workers: int):
     model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, seed=0)
-    spec = WorkerSpec(cfg, model.config, tokenizer)
+    spec = WorkerSpec(rollout_spec(cfg), model.config, tokenizer)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     if kind == "process":
         backend = ProcessBackend(spec, workers, weights, worker_cpus=(None,) * workers, threads=1)

@@ -59,7 +59,12 @@ from streamrl.rollout.episodes.agent import (
     turn_seed,
     turn_text,
 )
-from streamrl.rollout.episodes.base import Trajectories, check_room, register_episode
+from streamrl.rollout.episodes.base import (
+    EpisodeSpec,
+    Trajectories,
+    check_room,
+    register_episode,
+)
 from streamrl.rollout.episodes.single_turn import item_params
 from streamrl.rollout.rewards import CompositeReward
 from streamrl.sources.base import stable_hash
@@ -319,14 +324,14 @@ class _Players:
 
 
 @register_episode("env")
-def _env(cfg: Any, tokenizer: Any, reward: CompositeReward, sampling: SamplingParams):
-    names = [c.name for c in cfg.reward.components]
+def _env(spec: EpisodeSpec, tokenizer: Any, reward: CompositeReward, sampling: SamplingParams):
+    names = list(reward.weights)  # the components, by name
     if not any(n.startswith("env_") for n in names):
         raise ValueError(
             "rollout.episode=env scores what the environment gives: reward.components needs "
             f"env_return (or env_win), got {names}"
         )
-    e = cfg.env
+    e = spec.env
     return EnvEpisode(
         tokenizer,
         sampling,

@@ -34,7 +34,7 @@ def _message(m: Any) -> dict[str, Any]:
 
 def _client_class() -> type:
     from verifiers.legacy.clients.client import Client
-    from verifiers.legacy.types import Response, ResponseMessage
+    from verifiers.legacy.types import ClientConfig, Response, ResponseMessage
 
     class EpisodeClient(Client):
         """A verifiers client whose model is the environment episode: each call hands
@@ -45,7 +45,7 @@ def _client_class() -> type:
             self.events: asyncio.Queue = asyncio.Queue()  # ("prompt", messages) | ("done", out)
             self.moves: asyncio.Queue = asyncio.Queue()
 
-        def setup_client(self, config: Any) -> None:
+        def setup_client(self, config: ClientConfig) -> None:
             return None
 
         async def to_native_tool(self, tool: Any) -> Any:

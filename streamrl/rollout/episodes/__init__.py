@@ -6,6 +6,7 @@ from streamrl.rollout.episodes import gym as gym  # registers "gym"
 from streamrl.rollout.episodes import single_turn as single_turn  # registers "single_turn"
 from streamrl.rollout.episodes.base import (
     Episode,
+    EpisodeSpec,
     PromptTooLong,
     Trajectories,
     build_episode,
@@ -18,6 +19,7 @@ from streamrl.rollout.episodes.single_turn import SingleTurnEpisode, trajectory_
 
 __all__ = [
     "Episode",
+    "EpisodeSpec",
     "PromptTooLong",
     "SingleTurnEpisode",
     "Trajectories",

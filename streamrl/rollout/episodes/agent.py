@@ -42,7 +42,7 @@ from streamrl.core.types import (
     SamplingParams,
     Trajectory,
 )
-from streamrl.rollout.episodes.base import check_room, register_episode
+from streamrl.rollout.episodes.base import EpisodeSpec, check_room, register_episode
 from streamrl.rollout.episodes.single_turn import item_params
 from streamrl.rollout.rewards import CompositeReward
 
@@ -335,10 +335,10 @@ class AgentEpisode:
 
 
 @register_episode("agent")
-def _agent(cfg: Any, tokenizer: Any, reward: CompositeReward, sampling: SamplingParams):
+def _agent(spec: EpisodeSpec, tokenizer: Any, reward: CompositeReward, sampling: SamplingParams):
     from streamrl.rollout.tools import build_tools, get_tool_parser
 
-    a = cfg.agent
+    a = spec.agent
     return AgentEpisode(
         tokenizer,
         sampling,

@@ -7,7 +7,8 @@ one trajectory; ``None`` rejects the episode (counted, never silent). Training
 and evaluation run the same episode object: evaluation passes ``greedy=True``.
 
 Register a new kind with ``@register_episode("name")`` on a factory
-``(cfg, tokenizer, reward, sampling) -> Episode``; ``rollout.episode`` selects it.
+``(spec, tokenizer, reward, sampling) -> Episode``; ``rollout.episode`` selects it.
+``spec`` is the :class:`EpisodeSpec`: the config sections an episode may read.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import GenerationResult, Item, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config import Config
+    from streamrl.config import AgentConfig, EnvConfig, RolloutConfig
     from streamrl.rollout.rewards import CompositeReward
 
 
@@ -99,7 +100,18 @@ def check_room(item: Item, prompt_ids: list[int], result: GenerationResult) -> N
         )
 
 
-EpisodeFactory = Callable[["Config", Any, "CompositeReward", SamplingParams], Episode]
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSpec:
+    """What an episode factory reads of the run's config: the ``rollout``, ``agent`` and
+    ``env`` sections and the run's seed (``streamrl.run.assembly.episode_spec`` fills it)."""
+
+    rollout: RolloutConfig
+    agent: AgentConfig
+    env: EnvConfig
+    seed: int
+
+
+EpisodeFactory = Callable[[EpisodeSpec, Any, "CompositeReward", SamplingParams], Episode]
 _EPISODES: dict[str, EpisodeFactory] = {}
 
 
@@ -118,30 +130,34 @@ def episode_kinds() -> list[str]:
 
 
 def sampling_params(
-    cfg: Config, tokenizer: Any, max_new_tokens: int | None = None
+    rollout: RolloutConfig, tokenizer: Any, max_new_tokens: int | None = None
 ) -> SamplingParams:
     """How the run samples: ``rollout.*``, stopping at EOS unless ``rollout.ignore_eos``."""
-    r = cfg.rollout
     eos_id = getattr(tokenizer, "eos_token_id", None)  # None: no tokenizer (a policy)
     eos = [eos_id] if eos_id is not None else []
     return SamplingParams(
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        max_new_tokens=max_new_tokens or r.max_new_tokens,
-        stop=list(r.stop),
-        stop_token_ids=[] if r.ignore_eos else eos,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=max_new_tokens or rollout.max_new_tokens,
+        stop=list(rollout.stop),
+        stop_token_ids=[] if rollout.ignore_eos else eos,
     )
 
 
 def build_episode(
-    cfg: Config, tokenizer: Any, reward: CompositeReward, *, max_new_tokens: int | None = None
+    spec: EpisodeSpec,
+    tokenizer: Any,
+    reward: CompositeReward,
+    *,
+    max_new_tokens: int | None = None,
 ) -> Episode:
     """The run's episode (``rollout.episode``); ``max_new_tokens`` overrides the budget
     (evaluation's ``eval.max_new_tokens``). Per-item budgets still take precedence."""
-    kind = cfg.rollout.episode
+    kind = spec.rollout.episode
     if kind not in _EPISODES:
         raise ValueError(
             f"rollout.episode: unknown kind {kind!r}; known: {', '.join(episode_kinds())}"
         )
-    return _EPISODES[kind](cfg, tokenizer, reward, sampling_params(cfg, tokenizer, max_new_tokens))
+    sampling = sampling_params(spec.rollout, tokenizer, max_new_tokens)
+    return _EPISODES[kind](spec, tokenizer, reward, sampling)

@@ -32,7 +32,7 @@ import torch
 from streamrl.core.transitions import Transitions
 from streamrl.core.types import Item, Segment
 from streamrl.engines.inference.policy import PolicyEngine
-from streamrl.rollout.episodes.base import register_episode
+from streamrl.rollout.episodes.base import EpisodeSpec, register_episode
 from streamrl.sources.gym import make_env, make_vector_env
 
 
@@ -183,5 +183,5 @@ class GymEpisode:
 
 
 @register_episode("gym")
-def _gym(cfg: Any, tokenizer: Any, reward: Any, sampling: Any) -> GymEpisode:
-    return GymEpisode(seed=cfg.seed)
+def _gym(spec: EpisodeSpec, tokenizer: Any, reward: Any, sampling: Any) -> GymEpisode:
+    return GymEpisode(seed=spec.seed)

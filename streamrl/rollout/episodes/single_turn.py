@@ -16,7 +16,7 @@ from streamrl.core.types import (
     Trajectory,
 )
 from streamrl.models import encode_prompt
-from streamrl.rollout.episodes.base import check_room, register_episode
+from streamrl.rollout.episodes.base import EpisodeSpec, check_room, register_episode
 from streamrl.rollout.rewards import CompositeReward
 
 
@@ -87,5 +87,7 @@ class SingleTurnEpisode:
 
 
 @register_episode("single_turn")
-def _single_turn(cfg: Any, tokenizer: Any, reward: CompositeReward, sampling: SamplingParams):
+def _single_turn(
+    spec: EpisodeSpec, tokenizer: Any, reward: CompositeReward, sampling: SamplingParams
+):
     return SingleTurnEpisode(tokenizer, sampling, reward)

@@ -9,7 +9,7 @@ built-in samplers: the per-prompt posterior (``posterior.py``) and the likelihoo
 
 from streamrl.rollout.selection import likelihood as likelihood  # registers "likelihood"
 from streamrl.rollout.selection import posterior as posterior  # registers "posterior"
-from streamrl.rollout.selection.base import GroupSampler, SamplerSetup, Source
+from streamrl.rollout.selection.base import GroupSampler, SamplerContext, SamplerSetup, Source
 from streamrl.rollout.selection.registry import (
     UnknownKind,
     build_sampler,
@@ -23,6 +23,7 @@ from streamrl.rollout.selection.registry import (
 
 __all__ = [
     "GroupSampler",
+    "SamplerContext",
     "SamplerSetup",
     "Source",
     "UnknownKind",

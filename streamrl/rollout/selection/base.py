@@ -30,12 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import WEIGHT_KEY, Item, SamplingParams, Trajectory
 from streamrl.rollout.selection.draws import Draws, independent
+
+if TYPE_CHECKING:
+    from streamrl.config import RolloutConfig, SelectionConfig
 
 Report = GroupDone | GroupRejected
 #: the plain rollout of an item's group, drawn by the sampler (None: cancelled)
@@ -67,6 +70,23 @@ class SamplerSetup:
     sampling: SamplingParams | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplerContext:
+    """What preflight's checks of a sampler or a draw rule see of the run: the
+    ``selection`` and ``rollout`` sections, and three facts of other sections, each named
+    (``streamrl.run.assembly.sampler_context`` fills it)."""
+
+    selection: SelectionConfig
+    rollout: RolloutConfig
+    algorithm: str
+    """algorithm.name."""
+    policy: bool
+    """The samples come from an environment policy (``rollout.episode: gym``, or a
+    policy preset or saved policy as ``model.name_or_path``), not a language model."""
+    endpoint: bool
+    """endpoint.enabled: external agents bring their own prompts and requests."""
+
+
 class GroupSampler:
     """The plain sampler, and the protocol every sampler keeps (see the module docstring).
 
@@ -87,7 +107,7 @@ class GroupSampler:
         return cls(setup.draws)
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
+    def check(cls, run: SamplerContext) -> None:
         """Preflight: raise ValueError, one line naming the keys, where the run's config
         cannot work with this sampler."""
 

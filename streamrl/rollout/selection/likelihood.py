@@ -48,7 +48,14 @@ from streamrl.core.messages import GroupRejected
 from streamrl.core.types import Item
 from streamrl.engines.inference.sampling import is_raw
 from streamrl.rollout.reports import failed_report
-from streamrl.rollout.selection.base import GroupSampler, Report, Roll, SamplerSetup, Source
+from streamrl.rollout.selection.base import (
+    GroupSampler,
+    Report,
+    Roll,
+    SamplerContext,
+    SamplerSetup,
+    Source,
+)
 from streamrl.rollout.selection.candidates import CandidateBudget
 from streamrl.rollout.selection.draws import Draws, independent
 from streamrl.rollout.selection.gate import LikelihoodGate, weighted
@@ -149,8 +156,8 @@ class LikelihoodSampler(GroupSampler):
         return cls(gate, budget, score_ahead=sel.score_ahead, draws=setup.draws)
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
-        r = cfg.rollout
+    def check(cls, run: SamplerContext) -> None:
+        r = run.rollout
         if r.episode != "single_turn":
             raise ValueError(
                 f"selection.kind=likelihood scores one reference completion per item, so it "
@@ -162,12 +169,12 @@ class LikelihoodSampler(GroupSampler):
                 "rollout.ignore_eos=true samples past EOS, so the score would not bound the "
                 "success rate; set rollout.ignore_eos=false or selection.kind=none"
             )
-        if cfg.selection.acceptance == "importance" and not issubclass(
-            algorithm_class(cfg.algorithm.name), PolicyGradient
+        if run.selection.acceptance == "importance" and not issubclass(
+            algorithm_class(run.algorithm), PolicyGradient
         ):
             raise ValueError(
                 "selection.acceptance=importance weights the advantages of a policy-gradient "
-                f"update, but algorithm.name={cfg.algorithm.name} is not one"
+                f"update, but algorithm.name={run.algorithm} is not one"
             )
         if r.engine == "vllm" and not is_raw(r.temperature, r.top_k, r.top_p):
             raise ValueError(

@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamrl.core.types import Item
-from streamrl.rollout.selection.base import GroupSampler, Report, SamplerSetup
+from streamrl.rollout.selection.base import GroupSampler, Report, SamplerContext, SamplerSetup
 from streamrl.rollout.selection.draws import Draws, independent
 from streamrl.rollout.selection.registry import register_sampler
 
@@ -222,10 +222,10 @@ class PosteriorSampler(GroupSampler):
         return cls(selector, setup.draws)
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
+    def check(cls, run: SamplerContext) -> None:
         """The threshold lies above the prior's own P(all equal): otherwise a prompt seen
         once could never come back, however far its evidence decayed."""
-        sel, g = cfg.selection, cfg.rollout.group_size
+        sel, g = run.selection, run.rollout.group_size
         prior = all_equal_probability(sel.prior_alpha, sel.prior_beta, g)
         if sel.threshold <= prior:
             raise ValueError(

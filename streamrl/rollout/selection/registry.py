@@ -11,14 +11,16 @@ is read, and ``selection.kind: name`` selects it. A draw rule registers with
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamrl.core.types import SamplingParams
-from streamrl.models.policies import POLICY_PRESETS
-from streamrl.rollout.selection.base import GroupSampler, SamplerSetup
+from streamrl.rollout.selection.base import GroupSampler, SamplerContext, SamplerSetup
 from streamrl.rollout.selection.draws import Draws, independent, stratified
 
-Check = Callable[[Any], None]  # the whole run's config -> raise ValueError (one line)
+if TYPE_CHECKING:
+    from streamrl.config import RolloutConfig, SelectionConfig
+
+Check = Callable[[SamplerContext], None]  # what it sees of the run -> raise ValueError
 S = TypeVar("S", bound=type[GroupSampler])
 
 _SAMPLERS: dict[str, type[GroupSampler]] = {"none": GroupSampler}
@@ -70,8 +72,8 @@ def draws_named(name: str) -> Draws:
 
 
 def build_sampler(
-    selection: Any,
-    rollout: Any,
+    selection: SelectionConfig,
+    rollout: RolloutConfig,
     seed: int,
     tokenizer: Any = None,
     sampling: SamplingParams | None = None,
@@ -83,10 +85,10 @@ def build_sampler(
     return cls.build(SamplerSetup(selection, rollout.group_size, seed, draws, tokenizer, sampling))
 
 
-def check_sampler(cfg: Any) -> None:
+def check_sampler(run: SamplerContext) -> None:
     """Preflight: ``selection.kind`` is registered, no other kind's own option is set, a
     sampler that draws items has a task source, and the sampler's own check passes."""
-    sel = cfg.selection
+    sel = run.selection
     cls = sampler_class(sel.kind)
     for kind, other in _SAMPLERS.items():
         for key, (default, why) in {} if other is cls else other.own_options.items():
@@ -96,20 +98,20 @@ def check_sampler(cfg: Any) -> None:
                     f"selection.{key}={_shown(value)} needs selection.kind={kind} (got "
                     f"{sel.kind!r}): {why}"
                 )
-    if cls is not GroupSampler and cfg.endpoint.enabled:
+    if cls is not GroupSampler and run.endpoint:
         raise ValueError(
             f"selection.kind={sel.kind} needs a task source, but endpoint.enabled=true: "
             "external agents bring their own prompts; set selection.kind=none"
         )
-    cls.check(cfg)
+    cls.check(run)
 
 
-def check_draws(cfg: Any) -> None:
+def check_draws(run: SamplerContext) -> None:
     """Preflight: ``rollout.group_sampling`` is registered and its check passes."""
-    draws_named(cfg.rollout.group_sampling)
-    check = _DRAWS[cfg.rollout.group_sampling][1]
+    draws_named(run.rollout.group_sampling)
+    check = _DRAWS[run.rollout.group_sampling][1]
     if check is not None:
-        check(cfg)
+        check(run)
 
 
 def _shown(value: Any) -> str:
@@ -117,19 +119,19 @@ def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _check_stratified(cfg: Any) -> None:
+def _check_stratified(run: SamplerContext) -> None:
     """The built-in engine's counter noise, on a language-model episode of rollout workers."""
-    if cfg.rollout.engine != "local":
+    if run.rollout.engine != "local":
         raise ValueError(
             f"rollout.group_sampling=stratified shifts the built-in engine's noise; "
-            f"rollout.engine={cfg.rollout.engine} draws its own"
+            f"rollout.engine={run.rollout.engine} draws its own"
         )
-    if cfg.rollout.episode == "gym" or cfg.model.name_or_path in POLICY_PRESETS:
+    if run.policy:
         raise ValueError(
             "rollout.group_sampling=stratified applies to language-model episodes, "
             "not environment policies"
         )
-    if cfg.endpoint.enabled:
+    if run.endpoint:
         raise ValueError(
             "rollout.group_sampling=stratified stratifies the groups of rollout workers; "
             "with endpoint.enabled=true external agents make their own requests"

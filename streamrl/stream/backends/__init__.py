@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from streamrl.config import Config
+from streamrl.config import RuntimeConfig
+from streamrl.rollout.spec import RolloutSpec
 from streamrl.stream.backends.base import Backend, WorkerLost
 from streamrl.stream.backends.placement import Placement, plan_placement
 from streamrl.stream.backends.spec import WorkerSpec, make_worker
@@ -38,7 +39,8 @@ __all__ = [
 
 
 def make_backend(
-    cfg: Config,
+    runtime: RuntimeConfig,
+    spec: RolloutSpec,
     placement: Placement,
     engine_model: torch.nn.Module,
     tokenizer: Any,
@@ -46,26 +48,29 @@ def make_backend(
     device: str,
     version: int = 0,
 ) -> Backend:
-    """The configured backend, its workers loaded with ``weights`` as ``version``
-    (0 for a new run, the checkpoint's version after a resume)."""
-    n = cfg.runtime.num_rollout_workers
-    if cfg.runtime.backend == "local":
-        from streamrl.engines.factory import engine_options, make_inference_engine
+    """The backend ``runtime.backend`` names, its workers built from ``spec`` and loaded
+    with ``weights`` as ``version`` (0 for a new run, the checkpoint's version after a
+    resume)."""
+    n = runtime.num_rollout_workers
+    if runtime.backend == "local":
+        from streamrl.engines.factory import make_inference_engine
         from streamrl.stream.backends.local import LocalBackend
+
+        options = spec.engine_options
 
         def make(w: int, emit):
             model = engine_model if w == 0 else copy.deepcopy(engine_model)
-            engine = make_inference_engine(model, tokenizer, device=device, **engine_options(cfg))
+            engine = make_inference_engine(model, tokenizer, device=device, **options)
             engine.update_weights(weights, version)
-            return engine, make_worker(cfg, engine, tokenizer, emit)
+            return engine, make_worker(spec, engine, tokenizer, emit)
 
         return LocalBackend(make, n, threads=placement.worker_threads)
-    spec = WorkerSpec(cfg, engine_model.config, tokenizer, device)
-    if cfg.runtime.backend == "process":
+    worker = WorkerSpec(spec, engine_model.config, tokenizer, device)
+    if runtime.backend == "process":
         from streamrl.stream.backends.process import ProcessBackend
 
         return ProcessBackend(
-            spec,
+            worker,
             n,
             weights,
             worker_cpus=placement.worker_cpus,
@@ -75,13 +80,13 @@ def make_backend(
     from streamrl.stream.backends.ray_actors import RayBackend
 
     return RayBackend(
-        spec,
+        worker,
         n,
         weights,
         worker_cpus=placement.worker_cpus,
         threads=placement.worker_threads,
         num_cpus=0 if placement.colocated else placement.worker_threads,
-        num_gpus=cfg.runtime.num_gpus,
-        poll_timeout_s=cfg.runtime.worker_timeout_s,
+        num_gpus=runtime.num_gpus,
+        poll_timeout_s=runtime.worker_timeout_s,
         version=version,
     )

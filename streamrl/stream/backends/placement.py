@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from statistics import median
 
-from streamrl.config import Config
+from streamrl.config import RuntimeConfig
 
 log = logging.getLogger("streamrl.placement")
 
@@ -35,20 +35,21 @@ class Placement:
     worker_cpus: tuple[tuple[int, ...] | None, ...]
 
 
-def plan_placement(cfg: Config, cpus: list[int] | None = None) -> Placement:
-    rt = cfg.runtime
+def plan_placement(runtime: RuntimeConfig, cpus: list[int] | None = None) -> Placement:
+    """The placement ``runtime.placement`` asks for, over ``cpus`` (default: this
+    process's)."""
     cpus = cpus if cpus is not None else available_cpus()
     n = len(cpus)
-    workers = rt.num_rollout_workers
-    if rt.placement == "colocated":
-        threads = rt.threads or n
-        return Placement(True, threads, rt.rollout_threads or threads, None, (None,) * workers)
-    if rt.backend == "local":  # one process: torch's thread count is shared by all
-        threads = rt.threads or max(1, n // (workers + 1))
+    workers = runtime.num_rollout_workers
+    if runtime.placement == "colocated":
+        threads = runtime.threads or n
+        return Placement(True, threads, runtime.rollout_threads or threads, None, (None,) * workers)
+    if runtime.backend == "local":  # one process: torch's thread count is shared by all
+        threads = runtime.threads or max(1, n // (workers + 1))
         return Placement(False, threads, threads, None, (None,) * workers)
-    per_worker = rt.rollout_threads or 1
+    per_worker = runtime.rollout_threads or 1
     need = workers * per_worker
-    trainer_n = rt.threads or max(1, n - need)
+    trainer_n = runtime.threads or max(1, n - need)
     if trainer_n + need > n:
         log.warning(
             "disaggregated placement asks for %d trainer + %d x %d rollout cores but only %d "
@@ -64,7 +65,7 @@ def plan_placement(cfg: Config, cpus: list[int] | None = None) -> Placement:
         tuple(cpus[(trainer_n + w * per_worker + i) % n] for i in range(per_worker))
         for w in range(workers)
     )
-    pin = rt.pin_cpus
+    pin = runtime.pin_cpus
     return Placement(
         False,
         trainer_n,

@@ -59,7 +59,7 @@ def build_app(pool: EndpointPool) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    e = pool.cfg.endpoint
+    e = pool.endpoint
     app.add_middleware(
         RequestGuard,
         token=pool.token,
@@ -130,11 +130,11 @@ class ChatCompletions:
     def __init__(self, pool: EndpointPool) -> None:
         from streamrl.rollout.tools import get_tool_parser
 
-        cfg, e = pool.cfg, pool.cfg.endpoint
+        e = pool.endpoint
         self.pool, self.tokenizer = pool, pool.tokenizer
         self.parser = get_tool_parser(e.tool_parser)
-        self.model_name = cfg.model.name_or_path
-        self.defaults = sampling_params(cfg, self.tokenizer)
+        self.model_name = pool.spec.model.name_or_path
+        self.defaults = sampling_params(pool.spec.rollout, self.tokenizer)
         # prompt + completion tokens (an engine plugged in by a test may not say)
         self.context = context_of(pool.engine)
         limits = [e.max_prompt_tokens, self.context - 1 if self.context else None]

@@ -41,13 +41,14 @@ from typing import Any
 import torch
 
 from streamrl.algorithms import Filtered, build_algorithm
-from streamrl.config import RunContext
+from streamrl.config import EndpointConfig
 from streamrl.core.messages import GroupDone, GroupRejected
 from streamrl.core.types import GenerationRequest, GenerationResult, Item, SamplingParams
-from streamrl.engines.factory import engine_options, make_inference_engine
+from streamrl.engines.factory import make_inference_engine
 from streamrl.rollout.episodes import trajectory_from_result
 from streamrl.rollout.rewards import build_group_reward
 from streamrl.rollout.rewards.scoring import add_group_rewards
+from streamrl.rollout.spec import RolloutSpec
 from streamrl.rollout.worker import sampling_seed
 from streamrl.stream.backends.local import drive_engine
 from streamrl.stream.books import PoolBooks
@@ -57,9 +58,13 @@ from streamrl.stream.sample_stream import Group, SampleStream, StreamClosed
 
 
 class EndpointPool(PoolBooks):
+    """The ``endpoint`` section's server over one engine built from ``spec`` (its
+    ``rollout`` section's sampling defaults, the algorithm's group filter, the seed)."""
+
     def __init__(
         self,
-        cfg: Any,
+        endpoint: EndpointConfig,
+        spec: RolloutSpec,
         engine_model: torch.nn.Module,
         tokenizer: Any,
         weights: dict[str, torch.Tensor],
@@ -72,13 +77,14 @@ class EndpointPool(PoolBooks):
         engine: Any = None,
     ) -> None:
         super().__init__()
-        self.cfg, self.tokenizer, self.stream, self.run_dir = cfg, tokenizer, stream, run_dir
+        self.endpoint, self.spec = endpoint, spec
+        self.tokenizer, self.stream, self.run_dir = tokenizer, stream, run_dir
         self.log = logger or logging.getLogger("streamrl.stream.endpoint")
         self.engine = engine or make_inference_engine(
-            engine_model, tokenizer, device=device, **engine_options(cfg)
+            engine_model, tokenizer, device=device, **spec.engine_options
         )
         self.engine.update_weights(weights, version)
-        self.algorithm = build_algorithm(cfg.algorithm, RunContext.of(cfg))
+        self.algorithm = build_algorithm(spec.algorithm, spec.context)
         self.table = SessionTable(
             stream, lambda: self.engine.version, lambda: self._hold, self._end
         )
@@ -89,7 +95,7 @@ class EndpointPool(PoolBooks):
         self._thread: threading.Thread | None = None
         self._active_calls = 0
         # the run's group reward components score each session's completions as a group
-        self.group_reward = build_group_reward(cfg.reward)
+        self.group_reward = build_group_reward(spec.reward)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -101,7 +107,7 @@ class EndpointPool(PoolBooks):
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.token)
-        e = self.cfg.endpoint
+        e = self.endpoint
         self._server = make_server(build_app(self), e)
         self._thread = threading.Thread(target=self._server.run, name="endpoint", daemon=True)
         self._thread.start()
@@ -217,7 +223,9 @@ class EndpointPool(PoolBooks):
             base, call = session.item_index, session.calls
             session.calls += 1
         requests = [
-            GenerationRequest(prompt_ids, params, sampling_seed(self.cfg.seed, base, call * 64 + j))
+            GenerationRequest(
+                prompt_ids, params, sampling_seed(self.spec.seed, base, call * 64 + j)
+            )
             for j in range(n)
         ]
         self._active_calls += 1
@@ -264,7 +272,7 @@ class EndpointPool(PoolBooks):
             return
         for t, r in zip(trajs, rewards, strict=True):
             t.reward = float(r)
-            t.metadata["reward_components"] = {self.cfg.reward.correct_reward: float(r)}
+            t.metadata["reward_components"] = {self.spec.reward.correct_reward: float(r)}
         if self.group_reward is not None:
             for t in trajs:
                 ids = t.input_ids[t.loss_mask].tolist()
@@ -283,7 +291,7 @@ class EndpointPool(PoolBooks):
             self._end(GroupDone(index, tuple(kept), total, len(trajs)))
 
     def expire_sessions(self) -> None:
-        for sid in self.table.expire(self.cfg.endpoint.session_timeout_s):
+        for sid in self.table.expire(self.endpoint.session_timeout_s):
             self.log.error("session %s timed out without a reward", sid)
 
     def _end(self, msg: GroupDone | GroupRejected) -> None:

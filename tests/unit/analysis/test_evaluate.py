@@ -8,6 +8,7 @@ from streamrl.core.types import Item
 from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.rewards import build_reward
+from streamrl.run.assembly import episode_spec
 
 
 def _items() -> list[Item]:
@@ -23,11 +24,11 @@ def test_evaluation_honours_per_item_budgets_as_training_does() -> None:
     cfg = load_config(None, ["rollout.max_new_tokens=2", "rollout.ignore_eos=true"])
     model, tokenizer = load_model_and_tokenizer("tiny-small", seed=0)
     reward = build_reward(cfg.reward)
-    train_episode = build_episode(cfg, tokenizer, reward)
+    train_episode = build_episode(episode_spec(cfg), tokenizer, reward)
     res = evaluate_model(model, tokenizer, train_episode, _items(), "numeric_match")
     assert [it["generated_tokens"] for it in res.items] == [[2], [7]]
     # eval.max_new_tokens replaces the default budget, never an item's own
-    eval_episode = build_episode(cfg, tokenizer, reward, max_new_tokens=4)
+    eval_episode = build_episode(episode_spec(cfg), tokenizer, reward, max_new_tokens=4)
     res = evaluate_model(model, tokenizer, eval_episode, _items(), "numeric_match")
     assert [it["generated_tokens"] for it in res.items] == [[4], [7]]
     assert res.metrics["n_items"] == 2 and res.episode_failures == 0
@@ -36,7 +37,7 @@ def test_evaluation_honours_per_item_budgets_as_training_does() -> None:
 def test_greedy_evaluation_is_deterministic_and_sampling_uses_n() -> None:
     cfg = load_config(None, ["rollout.max_new_tokens=3"])
     model, tokenizer = load_model_and_tokenizer("tiny-small", seed=1)
-    episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
+    episode = build_episode(episode_spec(cfg), tokenizer, build_reward(cfg.reward))
     first = evaluate_model(model, tokenizer, episode, _items(), "numeric_match")
     again = evaluate_model(model, tokenizer, episode, _items(), "numeric_match")
     assert [it["completions"] for it in first.items] == [it["completions"] for it in again.items]
@@ -50,7 +51,7 @@ def test_greedy_evaluation_is_deterministic_and_sampling_uses_n() -> None:
 def test_an_episode_that_raises_is_an_incorrect_recorded_sample() -> None:
     cfg = load_config(None, [])
     model, tokenizer = load_model_and_tokenizer("tiny-small", seed=0)
-    episode = build_episode(cfg, tokenizer, build_reward(cfg.reward))
+    episode = build_episode(episode_spec(cfg), tokenizer, build_reward(cfg.reward))
     bad = Item(id="bad", prompt=None, messages=None, answer="1")  # neither prompt nor messages
     res = evaluate_model(model, tokenizer, episode, [bad, *_items()], "numeric_match")
     assert res.episode_failures == 1 and res.items[0]["correct"] == [False]

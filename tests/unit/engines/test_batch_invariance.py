@@ -29,6 +29,7 @@ from streamrl.models import load_model_and_tokenizer
 from streamrl.rollout.episodes import build_episode
 from streamrl.rollout.rewards import build_reward
 from streamrl.rollout.worker import rollout_group
+from streamrl.run.assembly import episode_spec
 from streamrl.run.preflight import PreflightError, check_batch_invariant
 from tests.tiny_run import algorithm_of
 
@@ -194,7 +195,7 @@ def test_a_failing_request_fails_its_group_alone_as_a_counted_failure():
     model, tok = load_model_and_tokenizer("tiny-small", seed=0)
     algorithm = algorithm_of(cfg)
     algorithm.finish_group = lambda samples, extras: samples  # keep equal-reward groups
-    good = build_episode(cfg, tok, build_reward(cfg.reward))
+    good = build_episode(episode_spec(cfg), tok, build_reward(cfg.reward))
     bad = dataclasses.replace(good, sampling=SamplingParams(temperature=float("nan")))
     a, b = (
         Item(id="a", prompt="1+2=", answer="3", index=0),
@@ -283,7 +284,8 @@ def test_the_setting_is_on_at_eta0_and_refused_where_it_cannot_hold():
         ("rollout.batch_invariant=true",): True,
     }
     for overrides, expected in on.items():
-        assert batch_invariant(load_config(None, list(overrides))) is expected, overrides
+        cfg = load_config(None, list(overrides))
+        assert batch_invariant(cfg.rollout, cfg.stream.max_staleness) is expected, overrides
     for other in ("rollout.compile=true", "rollout.engine=vllm"):
         with pytest.raises(PreflightError, match="rollout.batch_invariant=true"):
             check_batch_invariant(load_config(None, ["rollout.batch_invariant=true", other]))

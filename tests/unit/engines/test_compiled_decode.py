@@ -158,8 +158,9 @@ def test_preflight_refuses_what_cannot_be_compiled(overrides: list[str], message
 
 
 def test_rollout_compile_reaches_every_engine_built_from_the_config() -> None:
-    assert engine_options(load_config(None, []))["compile_decode"] is False
-    opts = engine_options(load_config(None, ["rollout.compile=true", "rollout.decode_slots=4"]))
+    assert engine_options(load_config(None, []).rollout, 0)["compile_decode"] is False
+    cfg = load_config(None, ["rollout.compile=true", "rollout.decode_slots=4"])
+    opts = engine_options(cfg.rollout, cfg.stream.max_staleness)
     assert opts["compile_decode"] is True and opts["decode_slots"] == 4
     assert opts["engine"] == "local"
     engine = make_inference_engine(tiny_llama(), None, **opts)

@@ -231,7 +231,9 @@ def test_rollout_engine_vllm_is_built_by_the_factory_and_checked_before_the_run(
     tiny, vllm, monkeypatch
 ):
     cfg = load_config(None, ["rollout.engine=vllm", "rollout.vllm.enforce_eager=true"])
-    eng = make_inference_engine(copy.deepcopy(tiny[0]), tiny[1], **engine_options(cfg))
+    eng = make_inference_engine(
+        copy.deepcopy(tiny[0]), tiny[1], **engine_options(cfg.rollout, cfg.stream.max_staleness)
+    )
     assert isinstance(eng, VLLMEngine)
     args = vllm.LLMEngine.instances[0].args
     assert (args.dtype, args.enforce_eager, args.gpu_memory_utilization) == ("bfloat16", True, 0.5)
@@ -252,7 +254,9 @@ def test_rollout_engine_vllm_is_built_by_the_factory_and_checked_before_the_run(
     with pytest.raises(PreflightError, match=r"pip install 'streamrl\[vllm\]'"):
         check_vllm_engine(cfg)
     with pytest.raises(ImportError, match=r"streamrl\[vllm\]"):
-        make_inference_engine(copy.deepcopy(tiny[0]), tiny[1], **engine_options(cfg))
+        make_inference_engine(
+            copy.deepcopy(tiny[0]), tiny[1], **engine_options(cfg.rollout, cfg.stream.max_staleness)
+        )
 
 
 def train_through_vllm(tmp_path: Path, *overrides: str) -> None:

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from streamrl.models import load_model_and_tokenizer
+from streamrl.run.assembly import rollout_spec
 from streamrl.run.launch import train
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.sample_stream import SampleStream
@@ -93,7 +94,9 @@ def test_tool_calls_come_back_in_openai_format(tmp_path: Path) -> None:
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
     engine = ScriptedEngine(tokenizer, "Let me compute." + call)
     stream = SampleStream(1, 0)
-    pool = EndpointPool(cfg, None, tokenizer, {}, 0, stream, tmp_path, engine=engine)
+    pool = EndpointPool(
+        cfg.endpoint, rollout_spec(cfg), None, tokenizer, {}, 0, stream, tmp_path, engine=engine
+    )
     pool.start()
     try:
         client = openai.OpenAI(base_url=pool.base_url, api_key=pool.token)

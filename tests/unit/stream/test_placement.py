@@ -11,7 +11,7 @@ from streamrl.stream.backends import plan_placement
 
 
 def _plan(*overrides: str, cpus=(0, 1, 2, 3)):
-    return plan_placement(load_config(None, list(overrides)), list(cpus))
+    return plan_placement(load_config(None, list(overrides)).runtime, list(cpus))
 
 
 def test_disaggregated_process_workers_get_disjoint_pinned_cores() -> None:

@@ -14,6 +14,7 @@ import pytest
 from streamrl.core.messages import Pause, Resume, StartItems
 from streamrl.models.tokenizer import build_char_tokenizer
 from streamrl.rollout.selection import GroupSampler
+from streamrl.run.assembly import rollout_spec
 from streamrl.stream.endpoint.pool import EndpointPool
 from streamrl.stream.pool import RolloutPool
 from streamrl.stream.pools import Pool
@@ -24,8 +25,10 @@ from tests.unit.run.fakes import FakePool
 
 
 def _pools(tmp_path: Path) -> dict[str, object]:
+    cfg = endpoint_cfg(tmp_path)
     endpoint = EndpointPool(
-        endpoint_cfg(tmp_path),
+        cfg.endpoint,
+        rollout_spec(cfg),
         None,
         build_char_tokenizer(),
         {},
@@ -106,7 +109,9 @@ def test_the_endpoint_pool_speaks_the_same_words(tmp_path: Path) -> None:
     engine = _PausableEngine(build_char_tokenizer())
     stream = SampleStream(1, 0)
     cfg = endpoint_cfg(tmp_path)
-    pool = EndpointPool(cfg, None, build_char_tokenizer(), {}, 0, stream, tmp_path, engine=engine)
+    tok = build_char_tokenizer()
+    spec = rollout_spec(cfg)
+    pool = EndpointPool(cfg.endpoint, spec, None, tok, {}, 0, stream, tmp_path, engine=engine)
     pool.admit(False)  # (the session table admits nothing while it is off)
     assert pool._hold
     pool.admit(True)

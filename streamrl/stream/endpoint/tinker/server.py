@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrl.config.tinker import TinkerConfig
 from streamrl.core.atomic import replacing
 from streamrl.stream.endpoint.server import make_server
 from streamrl.stream.endpoint.tinker.app import build_app
@@ -25,7 +26,7 @@ from streamrl.stream.endpoint.tinker.service import TinkerService
 class TinkerServer:
     """``start()`` listens (``base_url``, ``token``); ``stop()`` ends it."""
 
-    def __init__(self, cfg: Any, seed: int = 0, token: str | None = None) -> None:
+    def __init__(self, cfg: TinkerConfig, seed: int = 0, token: str | None = None) -> None:
         self.cfg = cfg
         self.state_dir = Path(cfg.state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)

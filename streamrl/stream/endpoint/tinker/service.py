@@ -19,6 +19,7 @@ from typing import Any
 
 from tinker import types
 
+from streamrl.config.tinker import TinkerConfig
 from streamrl.stream.endpoint.openai_format import EndpointError
 from streamrl.stream.endpoint.tinker import checkpoints as ck
 from streamrl.stream.endpoint.tinker.adapters import LoraSpec, adapter_state, load_adapter
@@ -37,7 +38,7 @@ class Session:
 
 
 class TinkerService:
-    def __init__(self, cfg: Any, state_dir: Path, seed: int = 0) -> None:
+    def __init__(self, cfg: TinkerConfig, state_dir: Path, seed: int = 0) -> None:
         self.cfg = cfg
         self.state_dir = state_dir
         self.bases = BaseModels(cfg.models, state_dir, seed)
