@@ -291,7 +291,7 @@ def test_eta1_two_kills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_gracefully_and_the_run_resumes(tmp_path: Path, sig) -> None:
-    proc = _streamrl(*_args(tmp_path, "run", "train.steps=40"))
+    proc = _streamrl(*_args(tmp_path, "run", "train.steps=12"))
     run_dir = tmp_path / "run"
     deadline = time.monotonic() + 240
     while (
@@ -309,7 +309,7 @@ def test_a_signal_stops_gracefully_and_the_run_resumes(tmp_path: Path, sig) -> N
     stopped_at = _latest_step(run_dir)
     assert stopped_at >= 2
     _resume(run_dir)
-    _check_books(run_dir, 40, 4, eta=1)
+    _check_books(run_dir, 12, 4, eta=1)
 
 
 @pytest.mark.slow

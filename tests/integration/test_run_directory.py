@@ -212,7 +212,7 @@ def test_a_torn_last_line_is_left_out(tmp_path: Path) -> None:
 
 
 SUMMARY_CORPUS = [
-    (os.urandom(64) + b"\xff", "not UTF-8|not valid JSON"),
+    (random.Random(0).randbytes(64) + b"\xff", "not UTF-8|not valid JSON"),
     (b"", "empty"),
     (b'{"status": "compl', "not valid JSON"),
     (b'{"wall_time_s": 3}', "no 'status' field"),
