@@ -20,6 +20,7 @@ import os
 import sys
 
 from streamrl.cli import parser as parse
+from streamrl.cli.console import tolerate_a_closed_console
 from streamrl.config import ConfigError, load_config
 from streamrl.config.options import check_path_component
 from streamrl.config.plugins import import_plugins
@@ -303,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tolerate_a_closed_console()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
