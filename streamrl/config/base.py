@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from streamrl.config.options import non_finite
@@ -31,3 +31,24 @@ class Section(BaseModel):
 
 
 LRSchedule = Literal["constant", "linear", "cosine"]
+
+
+class Listener(Section):
+    """What every served API (the OpenAI endpoint, the Tinker service) shares: where it
+    listens and how long a slow client may take. Each section adds its own body limit."""
+
+    host: str = Field("127.0.0.1", description="Interface to bind; loopback by default.")
+    port: int = Field(0, ge=0, le=65535, description="TCP port (0: any free port).")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A connection that has not sent a request's headers within this time "
+        "is closed.",
+    )
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A request body that has not fully arrived within this time gets 408.",
+    )

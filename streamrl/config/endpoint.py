@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from streamrl.config.base import Section
+from streamrl.config.base import Listener
 
 
-class EndpointConfig(Section):
+class EndpointConfig(Listener):
     """The OpenAI-compatible endpoint for external agents (``streamrl serve``)."""
 
     enabled: bool = Field(
@@ -15,8 +15,6 @@ class EndpointConfig(Section):
         description="Serve /v1/chat/completions and train on the recorded sessions "
         "instead of running rollout workers (`streamrl serve` sets it).",
     )
-    host: str = Field("127.0.0.1", description="Interface to bind; loopback by default.")
-    port: int = Field(0, ge=0, le=65535, description="TCP port (0: any free port).")
     session_timeout_s: float = Field(
         300.0, gt=0, description="A session idle this long without a reward is a failed item."
     )
@@ -33,17 +31,4 @@ class EndpointConfig(Section):
         ge=1,
         description="Longest rendered prompt of a call, in tokens (default: the model's "
         "context less one token); a longer one gets 400.",
-    )
-    header_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="A connection that has not sent a request's headers within this time "
-        "is closed.",
-    )
-    read_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="A request body that has not fully arrived within this time gets 408.",
     )

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from streamrl.config.base import Section
+from streamrl.config.base import Listener
 
 
-class TinkerConfig(Section):
+class TinkerConfig(Listener):
     """Where the service listens, which base models it serves, and its limits. The safety
     defaults are the OpenAI endpoint's: loopback, a token, limits on bodies and headers."""
 
-    host: str = Field("127.0.0.1", description="Interface to bind; loopback by default.")
-    port: int = Field(0, ge=0, le=65535, description="TCP port (0: any free port).")
     models: list[str] = Field(
         ["tiny-small", "tiny", "smollm2-135m-instruct"],
         description="Base models clients may train and sample: presets, "
@@ -46,19 +44,6 @@ class TinkerConfig(Section):
         ge=1024,
         description="Largest request body; a larger one gets 413 before it is parsed "
         "(clients split forward_backward batches into chunks below it).",
-    )
-    header_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="A connection that has not sent a request's headers within this time "
-        "is closed.",
-    )
-    read_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="A request body that has not fully arrived within this time gets 408.",
     )
     poll_s: float = Field(
         20.0,
