@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from streamrl.config.base import Section
+from streamrl.config.hints import HintsConfig
 
 
 class SelectionConfig(Section):
@@ -101,4 +102,9 @@ class SelectionConfig(Section):
         "(counted as selection/forced), so a source of only easy prompts cannot stall. "
         "likelihood: candidates skipped since any was generated; the next item is "
         "generated without the gate.",
+    )
+    hints: HintsConfig = Field(
+        default_factory=HintsConfig,
+        description="kind=hints: hints (a prefix of the reference solution) for prompts "
+        "whose groups come out all wrong, shortened as the policy improves on them.",
     )
