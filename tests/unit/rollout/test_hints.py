@@ -212,3 +212,19 @@ def test_the_hinted_flag_reaches_the_metrics_split_by_hinted_and_not() -> None:
     assert m["hints/adv_hinted"] == 0.5 and m["hints/adv_abs_hinted"] == 1.0
     assert m["hints/adv_plain"] == -1.0 and m["hints/hint_tokens_mean"] == 3
     assert hint_metrics(samples[2:], adv[2:]) == {}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["selection.kind=posterior", "selection.hints.mode=prompt"], "needs selection.kind=hints"),
+        (["selection.kind=hints", "rollout.episode=agent"], "only rollout.episode=single_turn"),
+    ],
+)
+def test_preflight_refuses_hint_options_that_cannot_work(overrides, message) -> None:
+    from streamrl.rollout.selection import check_sampler
+    from streamrl.run.assembly import sampler_context
+
+    with pytest.raises(ValueError, match=message):
+        check_sampler(sampler_context(load_config(None, overrides)))
+    check_sampler(sampler_context(load_config(None, [*overrides[:1], "selection.kind=hints"])))
