@@ -8,7 +8,7 @@ import contextlib
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -26,9 +26,10 @@ def at(url: str) -> JudgeSpec:
 
 
 @contextlib.contextmanager
-def judge_server(rule: str) -> Iterator[tuple[str, list[str]]]:
+def judge_server(rule: str | Callable[[str], str]) -> Iterator[tuple[str, list[str]]]:
     """A judge at http://127.0.0.1:PORT/v1: ``longer`` prefers the longer response,
-    ``first`` always says A, ``garbled`` says neither. Yields (url, prompts seen)."""
+    ``first`` always says A, ``garbled`` says neither; a function replies to the prompt
+    itself. Yields (url, prompts seen)."""
     seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -36,8 +37,11 @@ def judge_server(rule: str) -> Iterator[tuple[str, list[str]]]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             text = body["messages"][0]["content"]
             seen.append(text)
-            a, b = re.search(r"Response A: (.*)\nResponse B: (.*)\n", text).groups()
-            verdict = {"longer": "A" if len(a) > len(b) else "B", "first": "A"}.get(rule, "?")
+            if callable(rule):
+                verdict = rule(text)
+            else:
+                a, b = re.search(r"Response A: (.*)\nResponse B: (.*)\n", text).groups()
+                verdict = {"longer": "A" if len(a) > len(b) else "B", "first": "A"}.get(rule, "?")
             reply = {"choices": [{"message": {"role": "assistant", "content": verdict}}]}
             data = json.dumps(reply).encode()
             self.send_response(200)

@@ -269,3 +269,21 @@ def test_doctests() -> None:
         streamrl.sources.rubrics,
     ):
         assert doctest.testmod(module).failed == 0
+
+
+def test_a_rollout_worker_binds_its_engine_to_a_policy_judge(tiny_config) -> None:
+    from streamrl.run.assembly import rollout_spec
+    from streamrl.stream.backends import make_worker
+
+    components = [
+        {"name": "rubric_judge", "options": {"judge": {"backend": "policy"}}},
+        {"name": "numeric_match", "weight": 0.0},
+    ]
+    cfg = tiny_config(f"reward.components={json.dumps(components)}")
+    engine = ScriptedEngine(build_char_tokenizer(), "8")
+    worker = make_worker(rollout_spec(cfg), engine, engine.tokenizer, lambda report: None)
+    try:
+        got = worker.reward.score_group(ANSWERS, ITEM)
+    finally:
+        worker.reward.close()
+    assert [r.total for r in got] == [pytest.approx(0.8)] * 3 and engine.calls == [6]
