@@ -86,7 +86,10 @@ def rubric_judge(
         for c in completions
         for crit in rubric
     ]
-    replies = iter(judge_backend(judge).ask(prompts) if prompts else [])
+    answered = judge_backend(judge).ask(prompts) if prompts else []
+    if len(answered) != len(prompts):
+        raise ValueError(f"rubric_judge: the judge gave {len(answered)} replies to {len(prompts)}")
+    replies = iter(answered)
     details: list[dict[str, float]] = []
     for k in range(len(completions)):
         scores: dict[str, float] = {}
