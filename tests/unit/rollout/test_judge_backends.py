@@ -287,3 +287,15 @@ def test_a_rollout_worker_binds_its_engine_to_a_policy_judge(tiny_config) -> Non
     finally:
         worker.reward.close()
     assert [r.total for r in got] == [pytest.approx(0.8)] * 3 and engine.calls == [6]
+
+
+def test_preflight_refuses_rubric_judge_on_items_without_rubrics(tiny_config) -> None:
+    from streamrl.run.preflight import PreflightError, preflight
+
+    components = [
+        {"name": "rubric_judge", "options": {"judge": {"backend": "policy"}}},
+        {"name": "numeric_match", "weight": 0.0},
+    ]
+    cfg = tiny_config(f"reward.components={json.dumps(components)}")  # (arithmetic items)
+    with pytest.raises(PreflightError, match="rubric_judge scores items by their rubric, but"):
+        preflight(cfg, output_dir=False)
