@@ -82,12 +82,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("/tmp/hints_bench"))
     p.add_argument("--only", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides for every variant")
+    p.add_argument("--tag", default="", help="appended to the run names (runs with --set)")
     a = p.parse_args()
     header = "| variant | held-out accuracy before -> after | steps | RL s | groups generated "
     print(header + "| dropped (all equal) | hinted groups |")
     print("|---|---|---|---|---|---|---|")
     for name in a.only:
-        print(row(name, run(name, VARIANTS[name], a.seconds, a.out, a.seed)), flush=True)
+        summary = run(name + a.tag, [*VARIANTS[name], *a.set], a.seconds, a.out, a.seed)
+        print(row(name + a.tag, summary), flush=True)
 
 
 if __name__ == "__main__":
