@@ -13,16 +13,20 @@ configured) before and after:
 The arms of a seed run back to back, their order alternating with the seed, so load
 drift on the machine falls on both. Each run is its own process (``streamrl train``).
 Reported per task and arm: held-out accuracy before and after (mean over seeds, with a
-95% stratified-bootstrap CI when there are >= 2 seeds, ``streamrl.analysis.stats``), RL
-steps done, and the share of generated groups dropped for equal rewards (dynamic
+95% stratified-bootstrap CI when there are >= 2 seeds, ``streamrl.analysis.stats``), the
+items consumed, and the share of generated groups dropped for equal rewards (dynamic
 sampling: all right or all wrong), ``zero_reward_std / (consumed + zero_reward_std)``.
-A run that stops because every group was dropped (``algorithm.max_dropped_in_a_row``:
-nothing to learn) counts with its before-accuracy as after, and is marked.
+
+A run whose every group is dropped never ends a step, so ``run.max_rl_seconds`` cannot
+end it: it is stopped (SIGTERM) ``--grace`` seconds after its wall clock. A run that
+took no RL step then, or stopped with nothing to learn (``algorithm.max_dropped_in_a_row``)
+before any, has its before-accuracy as after (its weights never changed), and its
+consumed and dropped groups are read from its ledger; it is counted as unfinished.
 
     PYTHONPATH=. python benchmarks/bench_curriculum.py \
         --tasks leg_counting basic_arithmetic chain_sum --seeds 0 1 2 --seconds 900
 
-The reduced check: ``--tasks leg_counting --seeds 0 --seconds 120 --heldout 32``.
+The reduced check: ``--tasks leg_counting --seeds 0 --seconds 150 --grace 240 --heldout 32``.
 Writes the runs under ``--out`` and the table to stdout (and ``--table``).
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -72,17 +77,55 @@ def run_one(task: str, seed: int, arm: str, args: argparse.Namespace) -> dict:
         "run.tensorboard=false",
         "run.save_weights=false",
     ]
+    run_dir = Path(args.out) / name
+    if run_dir.exists():  # (streamrl would write to <name>-1: the summary read is this one)
+        raise SystemExit(f"{run_dir} exists: give an empty --out")
     config = arm_config(arm, Path(args.out))
     cmd = [sys.executable, "-m", "streamrl.cli.main", "train", str(config), *overrides]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    summary_path = Path(args.out) / name / "summary.json"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:  # the run ends itself after the step that passes the wall clock ...
+        _, err = proc.communicate(timeout=args.seconds + args.grace)
+        stopped = False
+    except subprocess.TimeoutExpired:  # ... unless no step ends: every group dropped
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        stopped = True
+    summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary["wall_s"] = time.time() - t0
-    if proc.returncode != 0:
-        summary["status"] = "failed"
-        summary["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+    stderr = err.decode(errors="replace")
+    if stopped or proc.returncode != 0:
+        summary.update(unfinished(run_dir, stderr, stopped))
     return summary
+
+
+def unfinished(run_dir: Path, stderr: str, stopped: bool) -> dict:
+    """What a run that did not finish shows (stopped at the wall clock with no step
+    since, or failed: nothing to learn): its before-accuracy (run.log) and, when it took
+    no RL step at all, its after-accuracy, the same (its weights never changed); the items
+    consumed and the groups dropped, from its ledger (written at its last checkpoint; a
+    stopped run checkpoints as it stops)."""
+    out: dict = {"status": "wall clock, no step" if stopped else "failed"}
+    if not stopped:
+        out["error"] = (stderr.strip().splitlines() or ["?"])[-1][:200]
+    if found := re.findall(r"eval before RL: accuracy ([0-9.]+)", _text(run_dir / "run.log")):
+        out["eval_accuracy_before"] = float(found[-1])
+    ledger = [json.loads(r) for r in _text(run_dir / "ledger.jsonl").splitlines()]
+    consumed = sum(len(r["consumed"]) for r in ledger)
+    dropped = sum(len(r.get("filtered", {}).get("zero_reward_std", [])) for r in ledger)
+    out["stream/consumed"], out["stream/filtered/zero_reward_std"] = consumed, dropped
+    if consumed == 0 and "eval_accuracy_before" in out:
+        out["eval_accuracy_after"] = out["eval_accuracy_before"]
+    return out
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def dropped_share(s: dict) -> float:
@@ -93,10 +136,8 @@ def dropped_share(s: dict) -> float:
 
 
 def after(s: dict) -> float:
-    """Held-out accuracy after RL; a run stopped with nothing to learn keeps its before."""
-    if "eval_accuracy_after" in s:
-        return float(s["eval_accuracy_after"])
-    return float(s.get("eval_accuracy_before", float("nan")))
+    """Held-out accuracy after RL (a run that took no step: its before; NaN: unknown)."""
+    return float(s.get("eval_accuracy_after", float("nan")))
 
 
 def interval(values: list[float]) -> str:
@@ -112,14 +153,15 @@ def interval(values: list[float]) -> str:
 def table(results: dict[tuple[str, str], list[dict]]) -> str:
     lines = [
         "| task | arm | seeds | held-out before | held-out after | after - before | "
-        "items consumed | groups dropped (all equal) | stopped: nothing to learn |",
+        "items consumed | groups dropped (all equal) | unfinished runs |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for (task, arm), runs in results.items():
         before = [float(s.get("eval_accuracy_before", float("nan"))) for s in runs]
         gained = [after(s) - b for s, b in zip(runs, before, strict=True)]
         steps = [s.get("stream/consumed", 0) for s in runs]
-        stopped = sum(s.get("status") == "failed" for s in runs)
+        stopped = sum(s.get("status") in ("failed", "wall clock, no step") for s in runs)
+        # (a run stopped after some steps has no after-accuracy: its CI is left out)
         lines.append(
             f"| {task} | {arm} | {len(runs)} | {interval(before)} | "
             f"{interval([after(s) for s in runs])} | {interval(gained)} | "
@@ -135,6 +177,13 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--seconds", type=float, default=900.0, help="RL wall time per run")
     ap.add_argument("--heldout", type=int, default=100)
+    ap.add_argument(
+        "--grace",
+        type=float,
+        default=600.0,
+        help="seconds a run may take beyond --seconds (model load, evaluations) before it "
+        "is stopped: a run whose every group is dropped never ends a step",
+    )
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_curriculum"))
     ap.add_argument("--table", type=Path, default=None)
     args = ap.parse_args()

@@ -43,6 +43,15 @@ class CurriculumConfig(Section):
     success_threshold: float = Field(
         0.5, description="A sample counts as a success when its reward is above this."
     )
+    stall_groups: int = Field(
+        16,
+        ge=0,
+        description="Groups dropped for equal rewards in a row (no usable group between) "
+        "after which the outcomes reported so far are taken in at once instead of at the "
+        "trainer's next weight publish, which never comes while every group is dropped: a "
+        "level where nothing is learned can then be left. Timing decides which outcomes "
+        "that includes, so an eta=0 run that gets there is no longer bit-exact. 0: never.",
+    )
     bandit: Literal["none", "boltzmann"] = Field(
         "none",
         description="'boltzmann' (a mixture): draw each item's task with probability "

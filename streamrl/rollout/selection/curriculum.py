@@ -34,8 +34,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from streamrl.algorithms.base import EQUAL_REWARDS
 from streamrl.config.curriculum import BudgetsConfig, CurriculumConfig
 from streamrl.core.engine import InferenceEngine
+from streamrl.core.messages import GroupDone
 from streamrl.core.types import Item
 from streamrl.rollout.selection.base import GroupSampler, Report, SamplerContext, SamplerSetup
 from streamrl.rollout.selection.budgets import RolloutBudgets, budget_of
@@ -79,6 +81,9 @@ class CurriculumSampler(GroupSampler):
         self.positions: dict[tuple[int, int], int] = {}  # (task, level) -> items drawn
         self._streams: dict[tuple[int, int], Iterator[Item]] = {}
         self._pending: dict[int, tuple[int, int, str, tuple[float, ...]]] = {}
+        self.version = 0  # the last weight version published
+        self.dropped_in_a_row, self.stalls = 0, 0
+        self._usable: set[int] = set()  # reported usable, not yet taken in (in the stream)
         # issue/finished run on the pump's thread, published on the trainer's, metrics on any
         self._lock = threading.RLock()
 
@@ -160,6 +165,21 @@ class CurriculumSampler(GroupSampler):
         level = int(item.metadata.get(LEVEL_KEY, 0))
         with self._lock:  # a re-issued item reports again: same index, counted once
             self._pending[report.item_index] = (k, level, item.id, tuple(report.rewards))
+            if isinstance(report, GroupDone):
+                self._usable.add(report.item_index)
+            self._note_stall(report)
+
+    def _note_stall(self, report: Report) -> None:
+        """Every group dropped since ``stall_groups`` reports: no batch forms, so no
+        publish comes; take in what was reported now (see the config key)."""
+        if isinstance(report, GroupDone) or report.reason != EQUAL_REWARDS:
+            self.dropped_in_a_row = 0
+            return
+        self.dropped_in_a_row += 1
+        if self.config.stall_groups and self.dropped_in_a_row >= self.config.stall_groups:
+            self.dropped_in_a_row = 0
+            self.stalls += 1
+            self._take_in(self.version, set(self._usable))  # (those wait for their batch)
 
     def _task_index(self, item: Item) -> int:
         name = item.metadata.get(TASK_KEY)
@@ -171,9 +191,11 @@ class CurriculumSampler(GroupSampler):
             self._take_in(version, outstanding)
 
     def _take_in(self, version: int, outstanding: set[int]) -> None:
+        self.version = version
         threshold = self.config.success_threshold
         for index in sorted(i for i in self._pending if i not in outstanding):
             k, level, key, rewards = self._pending.pop(index)
+            self._usable.discard(index)
             successes = sum(r > threshold for r in rewards)
             self.levels[k].observe(level, successes, len(rewards))
             if self.bandit is not None:
@@ -194,6 +216,7 @@ class CurriculumSampler(GroupSampler):
             "budgets": None if self.budgets is None else self.budgets.state_dict(outstanding),
             "positions": dict(self.positions),
             "pending": {i: p for i, p in self._pending.items() if i not in outstanding},
+            "stall": [self.version, self.dropped_in_a_row, self.stalls],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -210,6 +233,7 @@ class CurriculumSampler(GroupSampler):
         self.positions = dict(state["positions"])
         self._streams = {}
         self._pending = dict(state["pending"])
+        self.version, self.dropped_in_a_row, self.stalls = state["stall"]
 
     def metrics(self) -> dict[str, float]:
         """Per task: ``curriculum/<task>/level``, ``/success`` (the success rate measured
@@ -234,6 +258,8 @@ class CurriculumSampler(GroupSampler):
                     out[f"{p}/level_{level}/groups"] = float(groups)
             if probs is not None:
                 out[f"{p}/probability"] = probs[k]
+        if self.stalls:
+            out["curriculum/stalls"] = float(self.stalls)
         if self.budgets is not None:
             out.update(self.budgets.metrics())
         return out

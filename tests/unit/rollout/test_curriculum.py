@@ -135,6 +135,28 @@ def test_a_level_too_hard_steps_down_to_one_that_teaches() -> None:
     assert sampler.metrics()["curriculum/leg_counting/level"] == 1.0
 
 
+def test_a_level_where_every_group_is_dropped_is_left_without_a_publish() -> None:
+    """No usable group, no batch, no publish: after stall_groups drops in a row the
+    outcomes are taken in at once, and the level steps down."""
+    source = build_task_source("arithmetic", digits=3, operators="+")
+    sampler = _sampler(
+        source,
+        "selection.curriculum.start_level=-1",
+        "selection.curriculum.min_groups=4",
+        "selection.curriculum.stall_groups=4",
+    )
+    levels = []
+    for index in range(8):
+        item = sampler.issue(index)
+        item.index = index
+        levels.append(item.metadata[LEVEL_KEY])
+        dropped = GroupRejected(index, "filtered", "zero_reward_std", rewards=(0.0,) * 4)
+        sampler.finished(item, dropped)
+    assert levels == [2, 2, 2, 2, 1, 1, 1, 1]
+    m = sampler.metrics()
+    assert m["curriculum/arithmetic/level"] == 0.0 and m["curriculum/stalls"] == 2
+
+
 def test_the_bandit_prefers_the_task_that_teaches() -> None:
     mixture = build_task_source(
         "mixture",
