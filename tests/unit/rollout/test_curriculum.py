@@ -24,7 +24,7 @@ from streamrl.sources import build_task_source
 from streamrl.sources.base import LEVEL_KEY
 from streamrl.stream.backends import RolloutPool
 from streamrl.stream.sample_stream import SampleStream
-from tests.unit.rollout.test_selection_hook import InlineBackend
+from tests.selection_backend import InlineBackend
 
 Outcome = Callable[[Item], list[float]]
 
