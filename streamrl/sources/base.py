@@ -81,7 +81,7 @@ class TaskSource(ABC):
     Each yielded item is a fresh object the caller owns.
 
     An environment's source also has its Gymnasium spaces (a policy is built for them;
-    None for text tasks), and a source whose training stream comes in phases (offline,
+    None for text tasks) and the options its policy needs beyond them, and a source whose training stream comes in phases (offline,
     then online data) says where each ends (:attr:`phases`).
 
     Difficulty (a curriculum's knob): a procedural source has :attr:`levels` levels of
@@ -141,6 +141,12 @@ class TaskSource(ABC):
         if self.observation_space is None:
             return None
         return self.observation_space, self.action_space
+
+    def policy_options(self) -> dict[str, Any]:
+        """What the environment decides of its policy beyond the spaces (a multi-agent
+        environment's ``agents``: one network per agent); the run adds them to
+        ``model.options`` when it builds a policy preset. None here."""
+        return {}
 
     @abstractmethod
     def train_iter(self, seed: int) -> Iterator[Item]:
