@@ -43,6 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
+from streamrl.engines.train.dcp import DCP_FORMAT, load_full, load_sharded, save_sharded
 from streamrl.engines.train.engine import TrainEngine, _to_device, _trimmed_length, slice_batch
 from streamrl.engines.train.frozen import sharded_frozen_copy
 from streamrl.engines.train.fsdp import default_mixed_precision, reshard, shard_model
@@ -185,10 +186,16 @@ class ShardedTrainEngine(TrainEngine):
         metrics = super().train_batch(
             batch, loss_fn, num_minibatches=num_minibatches, epochs=epochs
         )
-        reshard(self.model)
-        for key, value in training_state_bytes(self).items():
-            metrics[f"rank{self.rank}/{key}"] = float(value)
+        metrics.update(self.memory_metrics())
         return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Every rank's training-state bytes and peak RSS: ``rank<r>/param_bytes``,
+        ``grad_bytes``, ``optim_bytes``, ``peak_rss_bytes`` (collective)."""
+        parts: list[Any] = [None] * self.world_size
+        reshard(self.model)  # count shards, not the parameters a forward left gathered
+        dist.all_gather_object(parts, training_state_bytes(self))
+        return {f"rank{r}/{k}": float(v) for r, part in enumerate(parts) for k, v in part.items()}
 
     def _train_minibatch(self, mini: Batch, loss_fn: LossFn) -> dict[str, float] | None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -229,6 +236,36 @@ class ShardedTrainEngine(TrainEngine):
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # ----------------------------------------------------------------------------------
+    # Checkpoints
+    # ----------------------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The schedule and step; the weights and optimizer go to :meth:`save_sharded`
+        (``model`` and ``optimizer`` say so)."""
+        return {
+            "format": DCP_FORMAT,
+            "model": DCP_FORMAT,
+            "optimizer": DCP_FORMAT,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "global_step": self.global_step,
+        }
+
+    def save_sharded(self, path: Any) -> None:
+        """Collective: every rank writes its shards of weights and optimizer to ``path``."""
+        save_sharded(self, path)
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """A sharded checkpoint (``dcp_dir``: written by any number of ranks) or an
+        unsharded engine's ``checkpoint_state``, into this engine's shards."""
+        if state.get("format") == DCP_FORMAT:
+            load_sharded(self, state["dcp_dir"])
+        else:
+            load_full(self, state)
+        if state["scheduler"] is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = state["global_step"]
 
     # ----------------------------------------------------------------------------------
     # Weights out
