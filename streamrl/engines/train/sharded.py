@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
-from streamrl.engines.train.dcp import DCP_FORMAT, load_full, load_sharded, save_sharded
+from streamrl.engines.train.dcp import DCP_FORMAT, full_state, load_full, load_sharded, save_sharded
 from streamrl.engines.train.engine import TrainEngine, _to_device, _trimmed_length, slice_batch
 from streamrl.engines.train.frozen import sharded_frozen_copy
 from streamrl.engines.train.fsdp import default_mixed_precision, reshard, shard_model
@@ -255,6 +255,10 @@ class ShardedTrainEngine(TrainEngine):
     def save_sharded(self, path: Any) -> None:
         """Collective: every rank writes its shards of weights and optimizer to ``path``."""
         save_sharded(self, path)
+
+    def full_state(self) -> dict[str, Any]:
+        """Full weights and optimizer state, keyed by name, on every rank (collective)."""
+        return full_state(self)
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """A sharded checkpoint (``dcp_dir``: written by any number of ranks) or an
