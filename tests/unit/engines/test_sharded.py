@@ -13,6 +13,8 @@ from streamrl.engines.train.sharded import RankZero, ShardedTrainEngine, follow,
 from tests.sharded_harness import run_ranks
 from tests.unit.engines.test_train_engine import make_batch, tiny_model
 
+pytestmark = pytest.mark.slow  # spawned ranks: ~1 min on a loaded 2-core machine
+
 # (aggregation, micro_batch_sequences, num_minibatches): 5 rows (the last without loss
 # tokens) split 3/2 over 2 ranks, so each case has uneven rows per rank, and micro-batches
 # of different sizes; the second gives rank 1 a micro-batch without loss tokens and an
@@ -131,7 +133,6 @@ def _lora_ranks(rank: int):
     return metrics, published, ref_logprobs
 
 
-@pytest.mark.slow
 def test_lora_trains_publishes_and_copies_sharded_as_unsharded():
     metrics, published, ref_logprobs = run_ranks(_lora_ranks, 2)[0]
     plain = TrainEngine.from_lora(
