@@ -61,10 +61,12 @@ def split_masks(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rl_rows(batch: Batch) -> Batch:
-    """The batch without its demonstration rows (the step metrics describe RL samples)."""
-    if batch.demonstration is None or not bool(batch.demonstration.any()):
+    """The batch without its demonstration rows (the step metrics describe RL samples);
+    a batch kind without demonstrations (environment transitions) is returned as is."""
+    demo = getattr(batch, "demonstration", None)
+    if demo is None or not bool(demo.any()):
         return batch
-    keep = ~batch.demonstration
+    keep = ~demo
     out = {}
     for f in fields(batch):
         v = getattr(batch, f.name)
