@@ -76,12 +76,7 @@ class SingleTurnEpisode:
         check_room(item, prompt_ids, result)
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         scored = await self.reward.ascore(text, item)
-        metadata = {
-            "completion": text,
-            "finish_reason": result.finish_reason,
-            "reward_components": scored.components,
-            "reward_errors": scored.errors,
-        }
+        metadata = scored.record({"completion": text, "finish_reason": result.finish_reason})
         total = scored.total if scored.total is not None else 0.0
         return trajectory_from_result(result, total, item.index, metadata)
 

@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from streamrl.config.options import validate_options
 from streamrl.core.types import Item
-from streamrl.rollout.rewards import arena, functions, group, llm_judge, reward_model
+from streamrl.rollout.rewards import (
+    arena,
+    functions,
+    group,
+    llm_judge,
+    reward_model,
+    unit_tests,
+)
 from streamrl.rollout.rewards.group import group_reward, is_group_reward, run_group
 from streamrl.rollout.rewards.guard import Outcome, RewardGuard
 from streamrl.sources.mixture import item_domain
@@ -53,6 +60,7 @@ _REWARDS: dict[str, Callable[..., float]] = {
     "reasoning_gym": functions.reasoning_gym,
     "reward_model": reward_model.reward_model,
     "llm_judge": llm_judge.llm_judge,
+    "unit_tests": unit_tests.unit_tests,  # the code's tests in the sandbox: see unit_tests.py
     **group.GROUP_REWARDS,  # fn(completions, item) -> list[float]: see group.py
     **arena.ARENA_REWARDS,  # a judge compares answers two at a time: see arena.py
 }
@@ -104,6 +112,7 @@ _SETUPS: dict[str, Setup] = {
     "length_aware": _known_correct,
     "pairwise_judge": _has_url,
     "tournament_judge": _has_url,
+    "unit_tests": unit_tests.setup,
 }
 
 
@@ -190,12 +199,16 @@ class RewardResult:
     ``total`` is the weighted sum of the components, or None when any component
     failed (``errors`` then maps its name to the error text, and its component value
     is None). With ``on_error="zero"`` a failed component counts as 0 in ``total``
-    and is still listed in ``errors``.
+    and is still listed in ``errors``. A component that returned a
+    :class:`~streamrl.rollout.rewards.guard.Scored` leaves its ``details`` (by
+    component) and ``metrics`` (summed) here.
     """
 
     total: float | None
     components: dict[str, float | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict, repr=False)
+    metrics: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -209,8 +222,27 @@ class RewardResult:
         """
         total = None if self.total is None or other.total is None else self.total + other.total
         return RewardResult(
-            total, {**self.components, **other.components}, {**self.errors, **other.errors}
+            total,
+            {**self.components, **other.components},
+            {**self.errors, **other.errors},
+            {**self.details, **other.details},
+            _summed(self.metrics, other.metrics),
         )
+
+    def record(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """``metadata`` (an episode's) with this result in it: ``reward_components``,
+        ``reward_errors``, and where components left them ``reward_details`` and their
+        ``metrics`` (added to the episode's own)."""
+        metadata["reward_components"], metadata["reward_errors"] = self.components, self.errors
+        if self.details:
+            metadata["reward_details"] = self.details
+        if self.metrics:
+            metadata["metrics"] = _summed(metadata.get("metrics") or {}, self.metrics)
+        return metadata
+
+
+def _summed(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {**a, **b}}
 
 
 Component = (
@@ -365,10 +397,13 @@ class CompositeReward:
     def _combine(self, outcomes: dict[str, Outcome]) -> RewardResult:
         components = {name: o.value for name, o in outcomes.items()}
         errors = {name: o.error for name, o in outcomes.items() if o.error is not None}
+        scored = [(n, o.scored) for n, o in outcomes.items() if o.scored is not None]
+        details = {n: s.details for n, s in scored if s.details}
+        metrics = functools.reduce(_summed, (s.metrics for _, s in scored), {})
         if errors and self.on_error == "fail":
-            return RewardResult(None, components, errors)
+            return RewardResult(None, components, errors, details, metrics)
         total = sum((self.weights[n] * (v or 0.0) for n, v in components.items()), 0.0)
-        return RewardResult(total, components, errors)
+        return RewardResult(total, components, errors, details, metrics)
 
     def _per_answer(self, outcomes: dict[str, Outcome], n: int) -> list[RewardResult]:
         """Group outcomes (lists of ``n`` values, or errors) as one result per answer."""
