@@ -17,6 +17,7 @@ minari         :class:`MinariTaskSource`                    dataset_id, batch_tr
 textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
 verifiers      :class:`VerifiersTaskSource`                 load, args, demonstration, ...
 openenv        :class:`OpenEnvTaskSource`                   load, action, action_field, ...
+code           :class:`CodeTaskSource`                      difficulty, families, tests, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -31,6 +32,7 @@ from typing import Any
 
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.sources.arithmetic import ArithmeticTaskSource
+from streamrl.sources.code_tasks import CodeTaskSource
 from streamrl.sources.base import DataError, FiniteTaskSource, TaskSource
 from streamrl.sources.files import DatasetsTaskSource, JsonlTaskSource, ParquetTaskSource
 from streamrl.sources.gym import GymTaskSource
@@ -46,6 +48,7 @@ from streamrl.sources.verifiers import VerifiersTaskSource
 __all__ = [
     "DATA_OPTIONS",
     "ArithmeticTaskSource",
+    "CodeTaskSource",
     "DataError",
     "DatasetsTaskSource",
     "FiniteTaskSource",
@@ -86,6 +89,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "textarena": TextArenaTaskSource,
     "verifiers": VerifiersTaskSource,
     "openenv": OpenEnvTaskSource,
+    "code": CodeTaskSource,
 }
 
 
