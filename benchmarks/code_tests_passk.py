@@ -8,7 +8,8 @@ unbiased pass@1) with a percentile bootstrap interval over items (rliable, throu
 first with its own bootstrap interval (items resampled together).
 
     python benchmarks/code_tests_passk.py before.json after.json [--labels A B]
-    python benchmarks/code_tests_passk.py before.json after.json --plot docs/code_tests.png
+    python benchmarks/code_tests_passk.py before.json after.json --plot docs/code_tests.png \
+        --metrics RUN_DIR/metrics.jsonl   # a second panel: the training reward per step
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--labels", nargs="+")
     parser.add_argument("--plot", type=Path, help="write a bar chart with the intervals")
+    parser.add_argument("--metrics", type=Path, help="a run's metrics.jsonl, for --plot")
     args = parser.parse_args()
     labels = args.labels or [f.stem for f in args.files]
     loaded = [per_item(f) for f in args.files]
@@ -63,17 +65,25 @@ def main() -> None:
         point, low, high = paired_difference(scores[labels[0]], scores[labels[-1]])
         print(f"| {labels[-1]} − {labels[0]} (paired) | {point:+.3f} | [{low:+.3f}, {high:+.3f}] |")
     if args.plot:
-        plot(labels, intervals, args.plot)
+        plot(labels, intervals, args.plot, args.metrics)
 
 
-def plot(labels: list[str], intervals: dict, out: Path) -> None:
+def plot(labels: list[str], intervals: dict, out: Path, metrics: Path | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points = [intervals[label]["mean"] for label in labels]
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, axes = plt.subplots(1, 2 if metrics else 1, figsize=(8.5 if metrics else 4.5, 3.2))
+    ax = axes[0] if metrics else axes
+    if metrics:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        rows = [r for r in rows if "reward/unit_tests" in r]
+        axes[1].plot([r["step"] for r in rows], [r["reward/unit_tests"] for r in rows], "o-")
+        axes[1].set_xlabel("RL step")
+        axes[1].set_ylabel("training reward (share of tests passed)")
+        axes[1].set_ylim(0, 1)
     ax.bar(
         labels,
         [p for p, _, _ in points],

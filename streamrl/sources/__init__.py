@@ -32,8 +32,8 @@ from typing import Any
 
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.sources.arithmetic import ArithmeticTaskSource
-from streamrl.sources.code_tasks import CodeTaskSource
 from streamrl.sources.base import DataError, FiniteTaskSource, TaskSource
+from streamrl.sources.code_tasks import CodeTaskSource
 from streamrl.sources.files import DatasetsTaskSource, JsonlTaskSource, ParquetTaskSource
 from streamrl.sources.gym import GymTaskSource
 from streamrl.sources.longtail import LongTailTaskSource

@@ -40,12 +40,12 @@ _MEMORY_EXIT = 87  # exit code of a process worker after a MemoryError in a rewa
 @dataclass(frozen=True)
 class Scored:
     """A reward's value with what it found out along the way (a reward may return this
-    instead of a float): ``details``, JSON data kept in the sample's
-    ``metadata["reward_details"][<component>]``, and ``metrics``, numbers each answer
+    instead of a float): ``report``, JSON data kept in the sample's
+    ``metadata["reward_reports"][<component>]``, and ``metrics``, numbers each answer
     adds to the step's metrics (their mean per episode)."""
 
     value: float
-    details: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
     def __float__(self) -> float:

@@ -200,14 +200,14 @@ class RewardResult:
     failed (``errors`` then maps its name to the error text, and its component value
     is None). With ``on_error="zero"`` a failed component counts as 0 in ``total``
     and is still listed in ``errors``. A component that returned a
-    :class:`~streamrl.rollout.rewards.guard.Scored` leaves its ``details`` (by
-    component) and ``metrics`` (summed) here.
+    :class:`~streamrl.rollout.rewards.guard.Scored` leaves its ``report`` (in ``reports``,
+    by component) and ``metrics`` (summed) here.
     """
 
     total: float | None
     components: dict[str, float | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict, repr=False)
+    reports: dict[str, Any] = field(default_factory=dict, repr=False)
     metrics: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
@@ -225,17 +225,17 @@ class RewardResult:
             total,
             {**self.components, **other.components},
             {**self.errors, **other.errors},
-            {**self.details, **other.details},
+            {**self.reports, **other.reports},
             _summed(self.metrics, other.metrics),
         )
 
     def record(self, metadata: dict[str, Any]) -> dict[str, Any]:
         """``metadata`` (an episode's) with this result in it: ``reward_components``,
-        ``reward_errors``, and where components left them ``reward_details`` and their
+        ``reward_errors``, and where components left them ``reward_reports`` and their
         ``metrics`` (added to the episode's own)."""
         metadata["reward_components"], metadata["reward_errors"] = self.components, self.errors
-        if self.details:
-            metadata["reward_details"] = self.details
+        if self.reports:
+            metadata["reward_reports"] = self.reports
         if self.metrics:
             metadata["metrics"] = _summed(metadata.get("metrics") or {}, self.metrics)
         return metadata
@@ -398,12 +398,12 @@ class CompositeReward:
         components = {name: o.value for name, o in outcomes.items()}
         errors = {name: o.error for name, o in outcomes.items() if o.error is not None}
         scored = [(n, o.scored) for n, o in outcomes.items() if o.scored is not None]
-        details = {n: s.details for n, s in scored if s.details}
+        reports = {n: s.report for n, s in scored if s.report}
         metrics = functools.reduce(_summed, (s.metrics for _, s in scored), {})
         if errors and self.on_error == "fail":
-            return RewardResult(None, components, errors, details, metrics)
+            return RewardResult(None, components, errors, reports, metrics)
         total = sum((self.weights[n] * (v or 0.0) for n, v in components.items()), 0.0)
-        return RewardResult(total, components, errors, details, metrics)
+        return RewardResult(total, components, errors, reports, metrics)
 
     def _per_answer(self, outcomes: dict[str, Outcome], n: int) -> list[RewardResult]:
         """Group outcomes (lists of ``n`` values, or errors) as one result per answer."""

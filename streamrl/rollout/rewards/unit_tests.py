@@ -9,7 +9,7 @@ for) runs :mod:`streamrl.rollout.rewards.code_harness`, which calls the function
 test's arguments with its own timeout and reports every result as JSON.
 
 The reward is the fraction of tests passed (``mode="fraction"``) or 1 only when all pass
-(``mode="all"``). What happened is in the sample's metadata (``reward_details
+(``mode="all"``). What happened is in the sample's metadata (``reward_reports
 ["unit_tests"]``: the status, passed and total, each test's status and time, the
 isolation) and in the step's metrics (``unit_tests/<status>`` per answer, and
 ``unit_tests/test_timeouts``). Code that does not parse, fails to load, hangs or has no
@@ -137,7 +137,7 @@ def _scored(
     passed = sum(t.get("status") == "passed" for t in tests)
     value = passed / n if mode == "fraction" else float(passed == n)
     timeouts = sum(t.get("status") == "timeout" for t in tests)
-    details = {
+    report = {
         "status": status,
         "error": error,
         "passed": passed,
@@ -146,7 +146,7 @@ def _scored(
         "isolation": isolation,
     }
     metrics = {f"unit_tests/{status}": 1.0, "unit_tests/test_timeouts": float(timeouts)}
-    return Scored(value, details, metrics)
+    return Scored(value, report, metrics)
 
 
 def setup(options: dict[str, Any], load: bool) -> None:

@@ -39,20 +39,20 @@ def score(completion: str, item: Item = THREE, **options) -> Scored:
 
 
 def statuses(s: Scored) -> list[str]:
-    return [t["status"] for t in s.details["tests"]]
+    return [t["status"] for t in s.report["tests"]]
 
 
 def test_correct_wrong_and_partial_by_fraction_and_all(strong):
     correct = "Sure:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
     s = score(correct)
-    assert (s.value, s.details["status"], s.details["passed"], s.details["total"]) == (
+    assert (s.value, s.report["status"], s.report["passed"], s.report["total"]) == (
         1.0,
         "ok",
         3,
         3,
     )
     assert statuses(s) == ["passed"] * 3
-    assert s.details["isolation"].startswith("strong: bwrap+seccomp")
+    assert s.report["isolation"].startswith("strong: bwrap+seccomp")
     assert s.metrics == {"unit_tests/ok": 1.0, "unit_tests/test_timeouts": 0.0}
     # a * b is right only for (2, 2): one test of three
     partial = "def add(a, b):\n    return a * b\n"
@@ -65,7 +65,7 @@ def test_correct_wrong_and_partial_by_fraction_and_all(strong):
     raises = "def add(a, b):\n    raise KeyError(a)\n"
     s = score(raises)
     assert s.value == 0.0 and statuses(s) == ["error"] * 3
-    assert "KeyError" in s.details["tests"][0]["error"]
+    assert "KeyError" in s.report["tests"][0]["error"]
 
 
 def test_code_that_cannot_run_scores_zero_and_is_counted(strong):
@@ -78,9 +78,9 @@ def test_code_that_cannot_run_scores_zero_and_is_counted(strong):
     }
     for code, status in cases.items():
         s = score(code, load_timeout_s=0.5)
-        assert (s.value, s.details["status"]) == (0.0, status), code
+        assert (s.value, s.report["status"]) == (0.0, status), code
         assert s.metrics[f"unit_tests/{status}"] == 1.0
-        assert s.details["error"]
+        assert s.report["error"]
         if status != "no_code":
             assert statuses(s) == ["not_run"] * 3
 
@@ -96,7 +96,7 @@ def test_a_hanging_test_times_out_alone(strong):
     assert statuses(s) == ["passed", "timeout", "passed"]
     assert s.value == pytest.approx(2 / 3)
     assert s.metrics["unit_tests/test_timeouts"] == 1.0
-    assert s.details["tests"][1]["wall_s"] >= 0.5
+    assert s.report["tests"][1]["wall_s"] >= 0.5
 
 
 def test_host_files_and_loopback_are_out_of_reach(strong, tmp_path):
@@ -119,7 +119,7 @@ def test_host_files_and_loopback_are_out_of_reach(strong, tmp_path):
         code = "def read(path):\n    return open(path).read()\n"
         s = score(code, item)
         assert (s.value, statuses(s)) == (0.0, ["error"])
-        assert "FileNotFoundError" in s.details["tests"][0]["error"]
+        assert "FileNotFoundError" in s.report["tests"][0]["error"]
         item.metadata["tests"][0]["args"] = [str(files[1])]
         assert score(code, item).value == 1.0
     finally:
@@ -168,17 +168,17 @@ def test_the_code_cannot_forge_the_report_or_see_the_expected_values(strong):
     ]
     for code in attempts:
         s = score(code)
-        assert s.value == 0.0, (code, s.details)
+        assert s.value == 0.0, (code, s.report)
 
 
 def test_failures_of_the_reward_itself_are_counted(strong, monkeypatch):
     reward = CompositeReward([("unit_tests", 1.0)], timeout_s=30)
     try:
         ok = reward("def add(a, b):\n    return a + b\n", THREE)
-        assert ok.total == 1.0 and ok.details["unit_tests"]["passed"] == 3
+        assert ok.total == 1.0 and ok.reports["unit_tests"]["passed"] == 3
         assert ok.metrics["unit_tests/ok"] == 1.0
         metadata = ok.record({"completion": "c", "metrics": {"agent/turns": 1.0}})
-        assert metadata["reward_details"]["unit_tests"]["status"] == "ok"
+        assert metadata["reward_reports"]["unit_tests"]["status"] == "ok"
         assert metadata["metrics"] == {
             "agent/turns": 1.0,
             "unit_tests/ok": 1.0,
