@@ -12,7 +12,7 @@ A component may apply to some domains only (``metadata["domain"]``, set by the
 
 >>> reward = CompositeReward([("numeric_match", 1.0), ("exact_match", 1.0, {}, ["chat"])])
 >>> reward("46", Item(id="q", prompt="12+34=", answer="46", metadata={"domain": "math"}))
-RewardResult(total=1.0, components={'numeric_match': 1.0}, errors={})
+RewardResult(total=1.0, components={'numeric_match': 1.0}, errors={}, details={})
 >>> reward.close()
 
 Built in: ``exact_match``, ``numeric_match``, ``math_verify``, ``format_reward`` and
@@ -38,8 +38,10 @@ from streamrl.rollout.rewards import (
     arena,
     functions,
     group,
+    judges,
     llm_judge,
     reward_model,
+    rubric,
     unit_tests,
 )
 from streamrl.rollout.rewards.group import group_reward, is_group_reward, run_group
@@ -63,6 +65,7 @@ _REWARDS: dict[str, Callable[..., float]] = {
     "unit_tests": unit_tests.unit_tests,  # the code's tests in the sandbox: see unit_tests.py
     **group.GROUP_REWARDS,  # fn(completions, item) -> list[float]: see group.py
     **arena.ARENA_REWARDS,  # a judge compares answers two at a time: see arena.py
+    **rubric.RUBRIC_REWARDS,  # a judge scores each criterion of the item's rubric
 }
 
 # Optional set-up of a named reward, run by CompositeReward when it is built:
@@ -87,12 +90,6 @@ def _known_correct(options: dict[str, Any], load: bool) -> None:
         raise ValueError(f"correct={name!r} is not one of {sorted(group.CORRECTNESS)}")
 
 
-def _has_url(options: dict[str, Any], load: bool) -> None:
-    """pairwise_judge and tournament_judge ask a judge at ``url``."""
-    if not str(options.get("url", "")).startswith(("http://", "https://")):
-        raise ValueError("url: the judge's OpenAI-compatible base URL (http://host:port/v1)")
-
-
 def _compiles(options: dict[str, Any], load: bool) -> None:
     """format_reward's pattern is a regular expression (not every call's failure)."""
     pattern = options.get("pattern", functions.INTEGER_PATTERN)
@@ -110,8 +107,9 @@ _SETUPS: dict[str, Setup] = {
     "llm_judge": llm_judge.setup,
     "majority_vote": _extracts,
     "length_aware": _known_correct,
-    "pairwise_judge": _has_url,
-    "tournament_judge": _has_url,
+    "pairwise_judge": arena.setup,
+    "tournament_judge": arena.setup,
+    "rubric_judge": rubric.setup,
     "unit_tests": unit_tests.setup,
 }
 
@@ -125,6 +123,10 @@ _IMPORTS: dict[str, tuple[str, ...]] = {
     "reasoning_gym": ("reasoning_gym",),
     "reward_model": ("streamrl.models.loading",),  # (transformers' Auto classes)
     "llm_judge": ("streamrl.models", "streamrl.engines.inference.engine"),
+    **dict.fromkeys(
+        ("pairwise_judge", "tournament_judge", "rubric_judge"),
+        ("streamrl.models", "streamrl.engines.inference.engine"),  # (judge.backend: engine)
+    ),
 }
 
 
@@ -207,6 +209,8 @@ class RewardResult:
     total: float | None
     components: dict[str, float | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    # a group component's named numbers for this answer (group.Scores), by component
+    details: dict[str, dict[str, float]] = field(default_factory=dict)
     reports: dict[str, Any] = field(default_factory=dict, repr=False)
     metrics: dict[str, float] = field(default_factory=dict, repr=False)
 
@@ -218,13 +222,14 @@ class RewardResult:
         """Both results' components together (a completion's own and its group's).
 
         >>> RewardResult(1.0, {"a": 1.0}).plus(RewardResult(0.5, {"b": 0.5}))
-        RewardResult(total=1.5, components={'a': 1.0, 'b': 0.5}, errors={})
+        RewardResult(total=1.5, components={'a': 1.0, 'b': 0.5}, errors={}, details={})
         """
         total = None if self.total is None or other.total is None else self.total + other.total
         return RewardResult(
             total,
             {**self.components, **other.components},
             {**self.errors, **other.errors},
+            {**self.details, **other.details},
             {**self.reports, **other.reports},
             _summed(self.metrics, other.metrics),
         )
@@ -401,16 +406,23 @@ class CompositeReward:
         reports = {n: s.report for n, s in scored if s.report}
         metrics = functools.reduce(_summed, (s.metrics for _, s in scored), {})
         if errors and self.on_error == "fail":
-            return RewardResult(None, components, errors, reports, metrics)
+            return RewardResult(None, components, errors, reports=reports, metrics=metrics)
         total = sum((self.weights[n] * (v or 0.0) for n, v in components.items()), 0.0)
-        return RewardResult(total, components, errors, reports, metrics)
+        return RewardResult(total, components, errors, reports=reports, metrics=metrics)
 
     def _per_answer(self, outcomes: dict[str, Outcome], n: int) -> list[RewardResult]:
-        """Group outcomes (lists of ``n`` values, or errors) as one result per answer."""
-        return [
-            self._combine({k: Outcome(o.value[i]) if o.ok else o for k, o in outcomes.items()})
-            for i in range(n)
-        ]
+        """Group outcomes (lists of ``n`` values, or errors) as one result per answer, with
+        the details of the components that gave some (:class:`~.group.Scores`)."""
+        results = []
+        for i in range(n):
+            result = self._combine(
+                {k: Outcome(o.value[i]) if o.ok else o for k, o in outcomes.items()}
+            )
+            for k, o in outcomes.items():
+                if isinstance(o.value, group.Scores):
+                    result.details[k] = o.value.details[i]
+            results.append(result)
+        return results
 
     def __call__(self, completion: str, item: Item) -> RewardResult:
         """Score one completion (blocks at most about ``timeout_s``) by its per-answer
@@ -442,6 +454,16 @@ class CompositeReward:
         waits = (self.guard.aoutcome(f, group=True) for f in futures.values())
         outcomes = dict(zip(futures, await asyncio.gather(*waits), strict=True))
         return self._per_answer(outcomes, len(completions))
+
+    def bind_policy(self, engine: Any, tokenizer: Any) -> None:
+        """Give the components that ask the policy itself (a judge with ``backend:
+        policy``) the rollout worker's ``engine``: the worker calls this once it is built."""
+        for name, part in self.parts.items():
+            options = {k: judges.bind_policy(v, engine, tokenizer) for k, v in part.options.items()}
+            if part.ref is None or all(options[k] is v for k, v in part.options.items()):
+                continue
+            part.options, part.fn = options, functools.partial(_REWARDS[part.ref], **options)
+            (self.group_fns if part.group else self.fns)[name] = part.fn
 
     def close(self) -> None:
         """Stop the guard's workers if this composite created the guard."""
