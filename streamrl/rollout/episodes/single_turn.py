@@ -88,12 +88,7 @@ class SingleTurnEpisode:
         check_room(item, prompt_ids, result)
         text = self.tokenizer.decode(prefix + result.token_ids, skip_special_tokens=True)
         scored = await self.reward.ascore(text, item)
-        metadata = {
-            "completion": text,
-            "finish_reason": result.finish_reason,
-            "reward_components": scored.components,
-            "reward_errors": scored.errors,
-        }
+        metadata = scored.record({"completion": text, "finish_reason": result.finish_reason})
         if prefix:
             metadata["hint_tokens"] = len(prefix)
         total = scored.total if scored.total is not None else 0.0
