@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import secrets
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,10 +15,11 @@ from streamrl.rollout.rewards import CompositeReward, Scored, get_reward
 from streamrl.rollout.rewards import unit_tests as unit_tests_module
 from streamrl.rollout.rewards.unit_tests import extract_code
 from streamrl.rollout.sandbox import SandboxError
-from tests.paths import ROOT
 from tests.sandbox_corpus import require_strong
 
-OUTSIDE = ROOT / ".pytest_cache"  # a host place the sandbox shows read-only, not hidden
+# a host place the sandbox always shows read-only (the Python installation is bound back
+# wherever the checkout lives: under /tmp or a home directory, which the sandbox hides)
+OUTSIDE = Path(sys.prefix) / ".streamrl-test"
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,7 @@ def test_host_files_and_loopback_are_out_of_reach(strong, tmp_path):
         assert score(code, item).value == 1.0
     finally:
         files[1].unlink()
+        OUTSIDE.rmdir()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
