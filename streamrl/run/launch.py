@@ -22,8 +22,10 @@ import yaml
 from streamrl.analysis.runs import flatten
 from streamrl.config import Config, ConfigError, config_to_dict, load_config
 from streamrl.core.atomic import write_text
+from streamrl.run.group_run import run_ranked
 from streamrl.run.lock import run_lock
 from streamrl.run.progress import Progress as ConsoleProgress
+from streamrl.run.ranks import TrainerFailed
 from streamrl.run.resume import completed_summary
 from streamrl.run.session import Progress, RunResult, run_training
 from streamrl.run.signals import GracefulStop, Interrupted
@@ -33,6 +35,10 @@ from streamrl.stream.backends import plan_placement
 #: keys a resume may change: where and how the run executes, never what it computes
 CHANGEABLE_ON_RESUME = (
     "runtime.",
+    "train.world_size",  # the update is the same on any number of ranks (DCP reshards)
+    "train.placement",
+    "train.ray_strategy",
+    "train.collective_timeout_s",
     "run.progress",
     "run.checkpoint_every",
     "run.keep_checkpoints",
@@ -40,10 +46,6 @@ CHANGEABLE_ON_RESUME = (
     "rollout.max_consecutive_failures",
     "algorithm.max_dropped_in_a_row",
 )
-
-
-class TrainerFailed(RuntimeError):
-    """The trainer died more often than ``runtime.max_trainer_restarts`` allows."""
 
 
 def check_saved_config(path: Path) -> None:
@@ -90,9 +92,9 @@ def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
         key, (was, now) = next(iter(changed.items()))
         raise ConfigError(
             f"--resume {run_dir}: {key} cannot change on resume (was {was!r}, given {now!r}): "
-            "it would break the run; only runtime.*, run.progress, run.checkpoint_every, "
-            "run.keep_checkpoints, eval.every, rollout.max_consecutive_failures and "
-            "algorithm.max_dropped_in_a_row may"
+            "it would break the run; only runtime.*, train.world_size and its placement keys, "
+            "run.progress, run.checkpoint_every, run.keep_checkpoints, eval.every, "
+            "rollout.max_consecutive_failures and algorithm.max_dropped_in_a_row may"
         )
     return cfg
 
@@ -113,6 +115,8 @@ def train(
         workers = 0 if placement.colocated else placement.worker_threads
         slots = cpus + workers * len(placement.worker_cpus)  # what the actors will ask for
         return run_on_ray(cfg, cpus, run_dir, stop or GracefulStop(), slots=slots)
+    if cfg.train.world_size > 1:
+        return run_ranked(cfg, progress, run_dir, stop)
     return run_training(cfg, progress, run_dir=run_dir, resume=run_dir is not None, stop=stop)
 
 
