@@ -31,6 +31,13 @@ class TrainConfig(Section):
         "0.90-1.03x as long (0.95x per token in RL), after ~40 s of compiling in the first "
         "one, so it pays on long runs only (benchmarks/results/rl_step.md).",
     )
+    world_size: int = Field(
+        1,
+        ge=1,
+        description="Trainer ranks: above 1, the policy and every model the algorithm owns "
+        "are sharded over this many processes with FSDP2 (gloo on CPU, NCCL on CUDA), and "
+        "an update is the one a single rank would apply (docs/distributed.md).",
+    )
     lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate for RL.")
     lr_schedule: LRSchedule = Field(
         "constant",

@@ -5,6 +5,9 @@
                           dpo-000020 / alol-000020 during the DPO / A-LoL stages;
                           done-000200: the final state of a run that completed)
             trainer.pt    policy weights (adapters included), optimizer, LR schedule
+            trainer.dcp/  a sharded trainer's weights and optimizer, every rank's shards
+                          (torch.distributed.checkpoint; trainer.pt then holds the
+                          schedule and marks ``model`` and ``optimizer`` as "dcp")
             algorithm.pt  the algorithm's extra models (frozen reference, critic)
             state.pt      RNG states; for RL the stream's books and version, every issued
                           but unconsumed item, the task source's position, the pool's
@@ -35,6 +38,7 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,7 @@ import numpy as np
 import torch
 
 from streamrl.core.atomic import TMP_PREFIX, fsync_dir, reason, swap_directories
+from streamrl.engines.train.dcp import DCP_DIR, DCP_FORMAT
 from streamrl.run.files import UnreadableFile, read_json
 
 LATEST = "latest"
@@ -70,6 +75,9 @@ class Checkpoint:
     algorithm: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    #: a sharded trainer's writer of its weights and optimizer (every rank's shards)
+    #: into a directory: called with ``<checkpoint>/trainer.dcp`` before ``meta.json``
+    write_sharded: Callable[[Path], None] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -142,6 +150,9 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint, keep: int) -> Path:
         for part, obj in zip(PARTS, (ckpt.trainer, ckpt.algorithm, ckpt.state), strict=True):
             _write(tmp / f"{part}.pt", lambda f, obj=obj: torch.save(obj, f))
             sizes[f"{part}.pt"] = (tmp / f"{part}.pt").stat().st_size
+        if ckpt.write_sharded is not None:
+            ckpt.write_sharded(tmp / DCP_DIR)
+            fsync_dir(tmp / DCP_DIR)
         meta = {"stage": ckpt.stage, "step": ckpt.step, "time": time.time(), "files": sizes}
         _write(tmp / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
         fsync_dir(tmp)
@@ -263,6 +274,11 @@ def load_checkpoint(path: Path) -> Checkpoint:
                 f"checkpoint file {path / part}.pt holds a {type(parts[part]).__name__}, "
                 "not a checkpoint part"
             )
+    if parts["trainer"].get("format") == DCP_FORMAT:  # a sharded trainer's weights
+        dcp_dir = path / DCP_DIR
+        if not (dcp_dir / ".metadata").is_file():
+            raise CheckpointError(f"checkpoint directory {dcp_dir} has no .metadata")
+        parts["trainer"]["dcp_dir"] = str(dcp_dir)
     return Checkpoint(meta["stage"], meta["step"], path=path, **parts)
 
 

@@ -45,6 +45,7 @@ class CheckpointState:
             self.trainer.checkpoint_state(),
             self.algo.state_dict(),
             {"rng": rng_state(), "summary": summary, **state},
+            write_sharded=getattr(self.trainer, "save_sharded", None),
         )
         path = save_checkpoint(self.run.path, ckpt, self.cfg.run.keep_checkpoints)
         seconds = time.perf_counter() - t0

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from streamrl.engines import malloc
+from streamrl.engines.train.dcp import DCP_FORMAT, load_sharded
 from streamrl.engines.train.schedule import lr_factor
 
 
@@ -108,11 +109,15 @@ class Optimized:
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`checkpoint_state` (after ``reset_optimizer`` built the stage's
-        optimizer and schedule)."""
-        self.model.load_state_dict(state["model"])
-        for module, extra in zip(self.extras, state.get("extras", []), strict=True):
-            module.load_state_dict(extra)
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizer and schedule). A sharded engine's checkpoint (DCP, any number of
+        ranks) is read into this unsharded engine's full tensors."""
+        if state.get("format") == DCP_FORMAT:
+            load_sharded(self, state["dcp_dir"])
+        else:
+            self.model.load_state_dict(state["model"])
+            for module, extra in zip(self.extras, state.get("extras", []), strict=True):
+                module.load_state_dict(extra)
+            self.optimizer.load_state_dict(state["optimizer"])
         if state["scheduler"] is not None and self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = state["global_step"]
