@@ -50,13 +50,6 @@ class TrainConfig(Section):
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    world_size: int = Field(
-        1,
-        ge=1,
-        description="Trainer ranks: N > 1 shards the trained models over N processes (FSDP2 "
-        "over torch.distributed, gloo on CPU and NCCL on CUDA) that apply the update one "
-        "rank would (docs/distributed.md).",
-    )
     placement: Literal["local", "ray"] = Field(
         "local",
         description="Where ranks 1..N-1 run (train.world_size > 1): 'local' spawns them as "

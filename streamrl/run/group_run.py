@@ -51,21 +51,22 @@ def run_ranked(
             why = collective_failure(e, failure)
             if why is None:
                 raise
-            restart(cfg, ranks, run_dir, why)
+            restart(cfg, ranks.restarts, run_dir, why)
             resume = True
 
 
-def restart(cfg: Config, ranks: Ranks, run_dir: Path, why: str) -> None:
-    """Count a restart, or fail the run when there have been too many."""
+def restart(cfg: Config, restarts: list[str], run_dir: Path, why: str) -> None:
+    """Count a restart in ``restarts`` (their causes), or fail the run when there have
+    been too many."""
     limit = cfg.runtime.max_trainer_restarts
-    if len(ranks.restarts) >= limit:
+    if len(restarts) >= limit:
         raise TrainerFailed(
-            f"the trainer's rank group failed {len(ranks.restarts) + 1} times "
+            f"the trainer's rank group failed {len(restarts) + 1} times "
             f"(runtime.max_trainer_restarts={limit}); last cause: {why}"
         ) from None
-    ranks.restarts.append(why)
+    restarts.append(why)
     note(
         None,
         f"the trainer's rank group failed ({why}); restarting it from the latest checkpoint "
-        f"in {run_dir} ({len(ranks.restarts)}/{limit})",
+        f"in {run_dir} ({len(restarts)}/{limit})",
     )

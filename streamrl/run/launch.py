@@ -22,10 +22,12 @@ import yaml
 from streamrl.analysis.runs import flatten
 from streamrl.config import Config, ConfigError, config_to_dict, load_config
 from streamrl.core.atomic import write_text
+from streamrl.engines.train.group.program import Lead
+from streamrl.engines.train.group.rendezvous import join, leave
 from streamrl.run.group_run import run_ranked
 from streamrl.run.lock import run_lock
 from streamrl.run.progress import Progress as ConsoleProgress
-from streamrl.run.ranks import TrainerFailed
+from streamrl.run.ranks import Ranks, TrainerFailed
 from streamrl.run.resume import completed_summary
 from streamrl.run.session import Progress, RunResult, run_training
 from streamrl.run.signals import GracefulStop, Interrupted
@@ -109,7 +111,7 @@ def train(
     """Run ``cfg`` (``resume_dir``: continue that run); with ``runtime.backend=ray`` the
     loop runs in a Ray actor."""
     run_dir = Path(resume_dir) if resume_dir is not None else None
-    if cfg.runtime.backend == "ray":
+    if cfg.runtime.backend == "ray" or _ray_group(cfg):
         placement = plan_placement(cfg.runtime)
         cpus = 1 if placement.colocated else placement.trainer_threads
         workers = 0 if placement.colocated else placement.worker_threads
@@ -118,6 +120,11 @@ def train(
     if cfg.train.world_size > 1:
         return run_ranked(cfg, progress, run_dir, stop)
     return run_training(cfg, progress, run_dir=run_dir, resume=run_dir is not None, stop=stop)
+
+
+def _ray_group(cfg: Config) -> bool:
+    """The trainer's ranks are Ray actors (and the controller runs in rank 0's)."""
+    return cfg.train.world_size > 1 and cfg.train.placement == "ray"
 
 
 class _TrainerActor:
@@ -133,18 +140,39 @@ class _TrainerActor:
     def request_stop(self, signum: int) -> None:
         self.stop.request(signum)
 
-    def run(self, cfg: Config, run_dir: str, resume: bool) -> tuple[str, dict]:
+    def rendezvous(self) -> tuple[str, int, str, int]:
+        """Rank 0 of a rank group: where the others join it (:mod:`streamrl.run.ray_group`)."""
+        from streamrl.run.ray_group import rendezvous_point
+
+        return rendezvous_point()
+
+    def run(
+        self, cfg: Config, run_dir: str, resume: bool, group: tuple | None = None
+    ) -> tuple[str, dict]:
+        """The run; ``group``: (spec, address, port, restarts so far) when this actor is
+        rank 0 of a rank group."""
         write_text(Path(run_dir) / "trainer.pid", str(os.getpid()))
-        # progress lines go to this actor's stderr, which Ray forwards to the driver;
-        # the driver holds the run directory's lock
-        result = run_training(
-            cfg,
-            ConsoleProgress(False),
-            run_dir=Path(run_dir),
-            resume=resume,
-            stop=self.stop,
-            lock=False,
-        )
+        ranks = None
+        if group is not None:
+            spec, addr, port, restarts = group
+            join(spec, 0, addr, port)
+            ranks = Ranks(Lead(spec), restarts)
+        try:
+            # progress lines go to this actor's stderr, which Ray forwards to the driver;
+            # the driver holds the run directory's lock
+            result = run_training(
+                cfg,
+                ConsoleProgress(False),
+                run_dir=Path(run_dir),
+                resume=resume,
+                stop=self.stop,
+                lock=False,
+                ranks=ranks,
+            )
+            if ranks is not None and ranks.lead is not None:
+                ranks.lead.release()
+        finally:
+            leave()
         return str(result.run_dir), result.summary
 
 
@@ -178,6 +206,10 @@ def run_on_ray(
             name = cfg.run.name or default_run_name(cfg.seed)
             run_dir = make_run_dir(cfg.run.output_dir, name)
             held.enter_context(run_lock(run_dir))
+        if _ray_group(cfg):
+            from streamrl.run.ray_group import drive_group
+
+            return drive_group(ray, cfg, _TrainerActor, run_dir.resolve(), resume, stop)
         return _drive_actors(ray, cfg, trainer_cpus, run_dir.resolve(), resume, stop)
 
 

@@ -28,11 +28,12 @@ def serve_rank(spec: GroupSpec) -> None:
     order of None: nothing to build, leave)."""
     from streamrl.engines.train.ranks import follow
 
-    order = _exchange(command_group(spec))
+    commands = command_group(spec)
+    order = _exchange(commands)
     if order is None:
         return
     build, args, kwargs = order
-    follow(build(*args, **kwargs))
+    follow(build(*args, **kwargs), commands)
 
 
 class Lead:
@@ -55,7 +56,7 @@ class Lead:
 
         _exchange(self.commands, (build, args, kwargs))
         self.ordered = True
-        self.trainer = RankZero(build(*args, **{**kwargs, **(here or {})}))
+        self.trainer = RankZero(build(*args, **{**kwargs, **(here or {})}), self.commands)
         return self.trainer
 
     def release(self) -> None:
