@@ -22,9 +22,12 @@ STEPS = 6
 
 
 @pytest.fixture
-def two_nodes():
+def two_nodes(monkeypatch):
     cluster_utils = pytest.importorskip("ray.cluster_utils")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    # every node, and the run joining them, on 127.0.0.1 (Ray otherwise swaps a loopback
+    # address for the machine's own)
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     cluster = cluster_utils.Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
