@@ -219,6 +219,16 @@ def check_train_compile(cfg: Config) -> None:
         )
 
 
+def check_world_size(cfg: Config) -> None:
+    """``train.world_size > 1`` shards a language model's trainer (docs/distributed.md)."""
+    n = cfg.train.world_size
+    if n > 1 and policy_run(cfg):
+        raise PreflightError(
+            f"{source_of(cfg).where(('train', 'world_size'))}: train.world_size={n} shards "
+            "a language model's trainer, not an environment policy's; set train.world_size=1"
+        )
+
+
 def check_engine_compile(cfg: Config) -> None:
     """rollout.compile compiles a CPU language-model engine's decode steps."""
     if not cfg.rollout.compile:
@@ -482,6 +492,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_device(cfg.runtime.device)
     check_engine_weights(cfg)
     check_train_compile(cfg)
+    check_world_size(cfg)
     check_lora(cfg)
     check_engine_compile(cfg)
     check_vllm_engine(cfg)

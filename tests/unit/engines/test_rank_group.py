@@ -113,3 +113,14 @@ def test_followers_leave_when_rank_zero_is_killed():
         assert not alive(follower)
     finally:
         parent.kill()
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_a_policy_run_with_several_ranks_is_refused_in_one_line(model):
+    from streamrl.config import load_config
+    from streamrl.run.preflight import PreflightError, check_world_size
+
+    check_world_size(load_config(None, ["train.world_size=2"]))  # a language model: fine
+    cfg = load_config(None, ["data.kind=gym", f"model.name_or_path={model}", "train.world_size=2"])
+    with pytest.raises(PreflightError, match=r"^command-line override: train.world_size=2 shards"):
+        check_world_size(cfg)
