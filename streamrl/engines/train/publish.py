@@ -34,3 +34,31 @@ def _storage_key(value: torch.Tensor) -> tuple:
     """The same for two names of one (tied) tensor."""
     local = value.to_local() if isinstance(value, DTensor) else value
     return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(value.shape))
+
+
+def merge_lora_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """A peft model's gathered ``state`` -> the base architecture's keys, each adapted
+    weight W + scale * B @ A (as ``models.lora.merged_state_dict`` does unsharded)."""
+    from peft.tuners.lora import LoraLayer
+
+    from streamrl.models.lora import _has_variant
+
+    prefix = "base_model.model."
+    out = {
+        k.removeprefix(prefix).replace(".base_layer.", "."): v
+        for k, v in state.items()
+        if ".lora_" not in k
+    }
+    for name, layer in model.get_base_model().named_modules():
+        if not isinstance(layer, LoraLayer) or layer.merged or layer.disable_adapters:
+            continue
+        if _has_variant(layer):
+            raise ValueError(f"{name}: only plain LoRA (no DoRA, no bias) publishes sharded")
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                a = state[f"{prefix}{name}.lora_A.{adapter}.weight"]
+                b = state[f"{prefix}{name}.lora_B.{adapter}.weight"]
+                out[f"{name}.weight"] += (b @ a) * layer.scaling[adapter]
+    return out

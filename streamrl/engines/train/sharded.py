@@ -43,12 +43,12 @@ from torch.distributed.tensor import DTensor
 
 from streamrl.core.loss import LossFn
 from streamrl.core.types import Batch
-from streamrl.engines.train.dcp import DCP_FORMAT, load_full, load_sharded, save_sharded
+from streamrl.engines.train.dcp import DCP_FORMAT, full_state, load_full, load_sharded, save_sharded
 from streamrl.engines.train.engine import TrainEngine, _to_device, _trimmed_length, slice_batch
 from streamrl.engines.train.frozen import sharded_frozen_copy
 from streamrl.engines.train.fsdp import default_mixed_precision, reshard, shard_model
 from streamrl.engines.train.memory import training_state_bytes
-from streamrl.engines.train.publish import gathered_state_dict
+from streamrl.engines.train.publish import gathered_state_dict, merge_lora_state
 from streamrl.engines.train.ranks import RankZero, follow, rank_rows
 
 __all__ = ["RankZero", "ShardedTrainEngine", "follow", "rank_rows", "shard_model"]
@@ -256,6 +256,10 @@ class ShardedTrainEngine(TrainEngine):
         """Collective: every rank writes its shards of weights and optimizer to ``path``."""
         save_sharded(self, path)
 
+    def full_state(self) -> dict[str, Any]:
+        """Full weights and optimizer state, keyed by name, on every rank (collective)."""
+        return full_state(self)
+
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """A sharded checkpoint (``dcp_dir``: written by any number of ranks) or an
         unsharded engine's ``checkpoint_state``, into this engine's shards."""
@@ -274,7 +278,10 @@ class ShardedTrainEngine(TrainEngine):
     def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
         """The full weights on rank 0 ({} on the others), gathered one tensor at a time
         and copied to CPU before the next is gathered."""
-        return gathered_state_dict(reshard(self.model), keep=self.rank == 0)
+        state = gathered_state_dict(reshard(self.model), keep=self.rank == 0)
+        if self.is_lora and state:
+            state = merge_lora_state(self.model, state)
+        return state
 
     def save(self, path: Any, tokenizer: Any = None) -> None:
         """HF ``save_pretrained`` of the gathered weights, written by rank 0."""

@@ -13,6 +13,8 @@ from streamrl.engines.train.sharded import RankZero, ShardedTrainEngine, follow,
 from tests.sharded_harness import run_ranks
 from tests.unit.engines.test_train_engine import make_batch, tiny_model
 
+pytestmark = pytest.mark.slow  # spawned ranks: ~1 min on a loaded 2-core machine
+
 # (aggregation, micro_batch_sequences, num_minibatches): 5 rows (the last without loss
 # tokens) split 3/2 over 2 ranks, so each case has uneven rows per rank, and micro-batches
 # of different sizes; the second gives rank 1 a micro-batch without loss tokens and an
@@ -115,3 +117,34 @@ def test_training_state_per_rank_halves_at_2_ranks(runs):
         total_2 = sum(two[f"rank{rank}/{k}"] for k in keys)
         assert 0.45 < total_2 / total_1 <= 0.55
     assert two["rank1/peak_rss_bytes"] > 0
+
+
+def _lora_ranks(rank: int):
+    engine = ShardedTrainEngine.from_lora(tiny_model(), r=4, lr=1e-2, micro_batch_sequences=2)
+    if rank:
+        follow(engine)
+        return None
+    trainer = RankZero(engine)
+    metrics = trainer.train_batch(make_batch(), _loss("token_mean"))
+    reference = trainer.frozen_copy()
+    ref_logprobs = trainer.compute_logprobs(make_batch(seed=2), reference)
+    published = trainer.state_dict_for_inference()
+    trainer.stop()
+    return metrics, published, ref_logprobs
+
+
+def test_lora_trains_publishes_and_copies_sharded_as_unsharded():
+    metrics, published, ref_logprobs = run_ranks(_lora_ranks, 2)[0]
+    plain = TrainEngine.from_lora(
+        tiny_model(), r=4, lr=1e-2, micro_batch_sequences=2, head_on_targets=False, packed=False
+    )
+    plain_metrics = plain.train_batch(make_batch(), _loss("token_mean"))
+    assert metrics["grad_norm"] == pytest.approx(plain_metrics["grad_norm"], rel=1e-5)
+    expected = plain.state_dict_for_inference()
+    assert published.keys() == expected.keys()  # the base model's names: adapters merged
+    for key, value in expected.items():
+        torch.testing.assert_close(published[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    batch = make_batch(seed=2)
+    ref = plain.compute_logprobs(batch, plain.frozen_copy())
+    real = batch.attention_mask
+    torch.testing.assert_close(ref_logprobs[real], ref[real], rtol=1e-5, atol=1e-5)

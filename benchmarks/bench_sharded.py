@@ -1,0 +1,120 @@
+"""The sharded trainer against the number of ranks N (1, 2; gloo on CPU, one thread a
+rank): per-rank training-state bytes (parameters + gradients + AdamW state) and peak RSS,
+seconds per GRPO update (samples/s), and the latency of publishing the full weights
+(``state_dict_for_inference``: gathered tensor by tensor on rank 0), for the tiny
+preset and SmolLM2-135M, side by side in one session. The unsharded TrainEngine (its
+default packed forward) on 1 and 2 threads runs in the same session as the baseline.
+
+    PYTHONPATH=. python benchmarks/bench_sharded.py --models tiny smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from benchmarks.bench_train_step import make_batch
+from streamrl.algorithms import make_rl_loss_fn
+from streamrl.engines.train.engine import TrainEngine
+from streamrl.engines.train.memory import peak_rss_bytes, training_state_bytes
+from streamrl.engines.train.sharded import RankZero, ShardedTrainEngine, follow
+from streamrl.models import load_model_and_tokenizer
+from tests.sharded_harness import run_ranks
+
+MB = 2**20
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _ranks(rank: int, name: str, sequences: int, completion: int, repeats: int):
+    model, tokenizer = load_model_and_tokenizer(name)
+    batch = make_batch(tokenizer, sequences, completion)
+    engine = ShardedTrainEngine(model, lr=5e-6, micro_batch_sequences=8)
+    del model
+    if rank:
+        follow(engine)
+        return None
+    trainer, loss_fn = RankZero(engine), make_rl_loss_fn("ppo_clip")
+    metrics = trainer.train_batch(batch, loss_fn)  # warm-up
+    update = _timed(lambda: trainer.train_batch(batch, loss_fn), repeats)
+    publish = _timed(trainer.state_dict_for_inference, repeats)
+    metrics = trainer.memory_metrics()
+    trainer.stop()
+    return {"update": update, "publish": publish, "memory": metrics}
+
+
+def _plain(name: str, sequences: int, completion: int, repeats: int, threads: int):
+    torch.set_num_threads(threads)
+    model, tokenizer = load_model_and_tokenizer(name)
+    batch = make_batch(tokenizer, sequences, completion)
+    engine = TrainEngine(copy.deepcopy(model), lr=5e-6, micro_batch_sequences=8)
+    loss_fn = make_rl_loss_fn("ppo_clip")
+    engine.train_batch(batch, loss_fn)
+    update = _timed(lambda: engine.train_batch(batch, loss_fn), repeats)
+    publish = _timed(engine.state_dict_for_inference, repeats)
+    mem = training_state_bytes(engine)
+    torch.set_num_threads(1)
+    return update, publish, mem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m-instruct"])
+    ap.add_argument("--sequences", type=int, default=16)
+    ap.add_argument("--completion", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    rows = []
+    for name in args.models:
+        shape = (args.sequences, args.completion, args.repeats)
+        results = {n: run_ranks(_ranks, n, name, *shape)[0] for n in (1, 2)}
+        plain = {t: _plain(name, *shape, threads=t) for t in (1, 2)}
+        base = sum(
+            results[1]["memory"][f"rank0/{k}"] for k in ("param_bytes", "grad_bytes", "optim_bytes")
+        )
+        for n, res in results.items():
+            mem = res["memory"]
+            for r in range(n):
+                state = sum(
+                    mem[f"rank{r}/{k}"] for k in ("param_bytes", "grad_bytes", "optim_bytes")
+                )
+                rows.append(
+                    f"| {name} | sharded N={n}, rank {r} | {state / MB:.1f} | {state / base:.3f} | "
+                    f"{mem[f'rank{r}/peak_rss_bytes'] / MB:.0f} | "
+                    + (
+                        f"{args.sequences / statistics.median(res['update']):.2f} | "
+                        f"{statistics.median(res['publish']) * 1e3:.0f} |"
+                        if r == 0
+                        else "| |"
+                    )
+                )
+        for threads, (update, publish, mem) in plain.items():
+            state = mem["param_bytes"] + mem["grad_bytes"] + mem["optim_bytes"]
+            rows.append(
+                f"| {name} | unsharded TrainEngine, {threads} threads | {state / MB:.1f} | "
+                f"{state / base:.3f} | {peak_rss_bytes() / MB:.0f} (bench process) | "
+                f"{args.sequences / statistics.median(update):.2f} | "
+                f"{statistics.median(publish) * 1e3:.0f} |"
+            )
+    print(
+        f"\n{args.sequences} sequences, completions up to {args.completion} tokens, "
+        f"median of {args.repeats}\n"
+        "| model | trainer | train state MB (rank) | vs sharded N=1 | peak RSS MB | "
+        "samples/s | publish ms |\n|---|---|---|---|---|---|---|"
+    )
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
