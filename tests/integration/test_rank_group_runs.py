@@ -85,3 +85,27 @@ def test_a_dead_or_hung_rank_restarts_the_group_from_the_checkpoint_exactly(
     assert rows[-1]["train/group_restarts"] == 1
     a, b = _weights(uninterrupted), _weights(run_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_weights(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    """The whole process tree (rank 0 and its followers) SIGKILLed, then --resume."""
+    proc = _train(*_args(tmp_path, "run", *GROUP))
+    run_dir = tmp_path / "run"
+    follower = _rank1_after_checkpoint(proc, run_dir, 2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli.main", "train", "--resume", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert not Path(f"/proc/{follower}").exists()  # the killed run left no rank behind
+    summary = _check_books(run_dir, STEPS, 4, eta=0)
+    assert summary["train/group_restarts"] == 0  # a resume, not a group restart
+    a, b = _weights(uninterrupted), _weights(run_dir)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
