@@ -45,14 +45,14 @@ def run_ranked(
             result.summary[RESTARTS] = len(ranks.restarts)
             return result
         except Exception as e:
-            failure = group.failure(wait_s=1.0) if group is not None else None
-            if group is not None:
-                group.close(grace_s=0)
-            why = collective_failure(e, failure)
+            why = collective_failure(e, group.failure(wait_s=1.0) if group is not None else None)
             if why is None:
                 raise
-            restart(cfg, ranks.restarts, run_dir, why)
-            resume = True
+        finally:  # (after a clean close: nothing left to do)
+            if group is not None:
+                group.close(grace_s=0)
+        restart(cfg, ranks.restarts, run_dir, why)
+        resume = True
 
 
 def restart(cfg: Config, restarts: list[str], run_dir: Path, why: str) -> None:

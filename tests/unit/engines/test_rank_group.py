@@ -124,3 +124,18 @@ def test_a_policy_run_with_several_ranks_is_refused_in_one_line(model):
     cfg = load_config(None, ["data.kind=gym", f"model.name_or_path={model}", "train.world_size=2"])
     with pytest.raises(PreflightError, match=r"^command-line override: train.world_size=2 shards"):
         check_world_size(cfg)
+
+
+def test_restarts_are_counted_and_bounded(tmp_path, capsys):
+    from streamrl.config import load_config
+    from streamrl.run.group_run import restart
+    from streamrl.run.ranks import TrainerFailed
+
+    cfg = load_config(None, ["runtime.max_trainer_restarts=2"])
+    restarts: list[str] = []
+    restart(cfg, restarts, tmp_path, "rank 1 exited with -9")
+    restart(cfg, restarts, tmp_path, "RuntimeError: Timed out")
+    assert restarts == ["rank 1 exited with -9", "RuntimeError: Timed out"]
+    assert "(2/2)" in capsys.readouterr().err
+    with pytest.raises(TrainerFailed, match=r"failed 3 times .*last cause: rank 1 exited"):
+        restart(cfg, restarts, tmp_path, "rank 1 exited with 1")
