@@ -129,7 +129,7 @@ def drive_group(
                 out_dir, summary = _await(ray, group, ref, stop)
                 summary[RESTARTS] = summary["trainer_restarts"] = len(restarts)
                 return RunResult(run_dir=Path(out_dir), summary=summary, trainer=None)
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            except _rank_errors(ray) as e:
                 why = _why(ray, e)
                 if why is None:
                     cause = e.as_instanceof_cause()
@@ -156,10 +156,17 @@ def _await(ray: Any, group: GroupActors, ref: Any, stop: GracefulStop) -> tuple[
             forwarded = True
 
 
+def _rank_errors(ray: Any) -> tuple[type[Exception], ...]:
+    """How Ray reports a rank's failure: its actor or worker died (also when Ray's memory
+    monitor killed it), or its call raised."""
+    x = ray.exceptions
+    return (x.RayActorError, x.OutOfMemoryError, x.WorkerCrashedError, x.RayTaskError)
+
+
 def _why(ray: Any, error: Exception) -> str | None:
     """Why the group must restart (None: the run's own error, raised as it is)."""
-    if isinstance(error, ray.exceptions.RayActorError):
-        return f"a rank's actor died ({type(error).__name__})"
+    if not isinstance(error, ray.exceptions.RayTaskError):
+        return f"a rank's actor died ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     cause = error.as_instanceof_cause()
     if isinstance(cause, Interrupted):
         return None
