@@ -46,7 +46,8 @@ from streamrl.sources import (
     task_source_kinds,
     task_source_options,
 )
-from streamrl.sources.mixture import MixtureTaskSource
+from streamrl.sources.mixture import MixtureTaskSource, item_domain
+from streamrl.sources.rubrics import RUBRIC_KEY
 
 ANSWER_SCAN = 1000  # training items looked at (answers, prompt lengths) before the run
 MODEL_OPTIONS = ("model", "options")
@@ -313,6 +314,23 @@ def check_domains(cfg: Config, source: TaskSource) -> None:
             )
 
 
+def check_rubrics(cfg: Config, first: list[Item]) -> None:
+    """``rubric_judge`` scores items that carry a rubric: the first training items it
+    applies to must (a source without rubrics would fail every group, counted)."""
+    for i, c in enumerate(cfg.reward.components):
+        if c.name != "rubric_judge":
+            continue
+        scored = [it for it in first if c.domains is None or item_domain(it) in c.domains]
+        bare = next((it for it in scored if RUBRIC_KEY not in (it.metadata or {})), None)
+        if bare is not None:
+            raise PreflightError(
+                f"{source_of(cfg).where(('reward', 'components', str(i), 'name'))}: "
+                f"rubric_judge scores items by their rubric, but item {bare.id!r} of "
+                f"data.kind={cfg.data.kind} has none (a 'rubric' field in the data file: "
+                "see docs/rewards.md#rubrics)"
+            )
+
+
 def build_source(cfg: Config) -> TaskSource:
     """The task source, its options checked against its signature first (converted in
     place, so the run directory's config holds them)."""
@@ -536,6 +554,7 @@ def _checked_inputs(cfg: Config, output_dir: bool) -> Inputs:
     source = build_source(cfg)
     first, heldout = check_data(cfg, source)
     check_domains(cfg, source)
+    check_rubrics(cfg, first)
     check_selection(cfg)
     sandbox = check_sandbox(cfg)
     lm = language_model(cfg)  # (its tokenizer, for the checks of lengths)

@@ -48,10 +48,23 @@ def component_metrics(trajectories: list[Any], correct_reward: str) -> dict[str,
             if correct is not None and name != correct_reward:
                 disagree.setdefault(name, []).append((v >= 0.5) != (correct >= 1.0))
     m = {component_key(n): sum(v) / len(v) for n, v in values.items()}
+    m.update(detail_metrics(trajectories))
     m.update(
         {component_key(n, "reward_disagreement"): sum(d) / len(d) for n, d in disagree.items()}
     )
     return m
+
+
+def detail_metrics(trajectories: list[Any]) -> dict[str, float]:
+    """Each group component's details (``metadata["reward_details"]``, a rubric's
+    per-criterion scores) averaged over the answers that have them:
+    ``reward/<component>/<name>``."""
+    values: dict[str, list[float]] = {}
+    for t in trajectories:
+        for comp, details in (t.metadata.get("reward_details") or {}).items():
+            for name, v in details.items():
+                values.setdefault(f"{component_key(comp)}/{name}", []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in values.items()}
 
 
 class StepMetrics:

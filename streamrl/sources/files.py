@@ -14,6 +14,9 @@ column         type                                  meaning
                                                      ``<file name>:<line>``, or
                                                      ``<file name>:<row>`` for tables)
 ``metadata``   dict                                  free-form (optional)
+``rubric``     list of ``{criterion, weight, name}``  the criteria ``rubric_judge`` scores
+                                                     (optional; checked, see
+                                                     :mod:`streamrl.sources.rubrics`)
 any other      anything                              copied into ``metadata`` (an explicit
                                                      ``metadata`` key wins on a clash)
 =============  ====================================  =========================================
@@ -54,6 +57,7 @@ from typing import Any
 
 from streamrl.core.types import Item
 from streamrl.sources.base import DataError, FiniteTaskSource, in_heldout
+from streamrl.sources.rubrics import RUBRIC_KEY, RubricError, parse_rubric
 
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_HELDOUT_FRACTION = 0.05
@@ -132,6 +136,11 @@ class RowParser:
         known = {pk, mk, self.answer_key, self.id_key, self.metadata_key}
         metadata = {k: v for k, v in raw.items() if k not in known}
         metadata.update(meta or {})
+        if RUBRIC_KEY in metadata:  # (a rubric-judged item: its criteria, checked here)
+            try:
+                metadata[RUBRIC_KEY] = parse_rubric(metadata[RUBRIC_KEY])
+            except RubricError as e:
+                raise fail(e.message, e.field) from None
         return Item(id=item_id, prompt=prompt, messages=messages, answer=answer, metadata=metadata)
 
     def _messages(self, messages: Any, fail: Any) -> list[dict[str, str]]:

@@ -14,7 +14,10 @@ submodules keep those names, so the functions are not re-exported here.
 
 Group rewards (:mod:`streamrl.rollout.rewards.group`: ``majority_vote``,
 ``overlong_penalty``, ``length_aware``) are components too; the rollout worker scores a
-group with them once its samples are in (:mod:`streamrl.rollout.rewards.scoring`).
+group with them once its samples are in (:mod:`streamrl.rollout.rewards.scoring`). The
+judged ones (``pairwise_judge``, ``tournament_judge``, ``rubric_judge``) ask a judge through
+one backend interface, a URL, a frozen model or the policy
+(:mod:`streamrl.rollout.rewards.judges`).
 """
 
 from streamrl.rollout.rewards.functions import (

@@ -46,6 +46,26 @@ class Completions(list[str]):
         return (Completions, (list(self), self.lengths))
 
 
+class Scores(list[float]):
+    """A group reward's values with ``details``: for each answer a dict of named numbers
+    (a rubric's per-criterion scores) that the rollout worker keeps in the sample's
+    ``metadata["reward_details"][<component>]`` and the step metrics average as
+    ``reward/<component>/<name>``.
+
+    >>> Scores([1.0, 0.5], [{"clear": 1.0}, {"clear": 0.0}]).details[1]
+    {'clear': 0.0}
+    """
+
+    def __init__(self, values: Sequence[float], details: Sequence[dict[str, float]]) -> None:
+        super().__init__(values)
+        self.details = [dict(d) for d in details]
+        if len(self.details) != len(self):
+            raise ValueError(f"{len(self)} values but {len(self.details)} details")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickles for process isolation)
+        return (Scores, (list(self), self.details))
+
+
 def lengths_of(completions: Sequence[str]) -> list[int]:
     """The answers' lengths: their tokens for :class:`Completions`, else characters.
 
@@ -218,6 +238,22 @@ def check_values(values: Any, n: int) -> list[float]:
         if not math.isfinite(number := float(v)):
             raise ValueError(f"group reward returned {number}")
         out.append(number)
+    if isinstance(values, Scores):
+        return Scores(out, [check_details(d) for d in values.details])
+    return out
+
+
+def check_details(details: Any) -> dict[str, float]:
+    """One answer's details as finite floats by name (else the component's failure)."""
+    if not isinstance(details, dict):
+        raise TypeError(f"group reward details are a {type(details).__name__}, expected a dict")
+    out = {}
+    for key, v in details.items():
+        if isinstance(v, str | bytes) or not hasattr(v, "__float__"):
+            raise TypeError(f"group reward detail {key!r} is a {type(v).__name__}")
+        if not math.isfinite(number := float(v)):
+            raise ValueError(f"group reward detail {key!r} is {number}")
+        out[str(key)] = number
     return out
 
 

@@ -72,8 +72,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 def _as_values(value: Any) -> Outcome:
-    """A group reward's result, already checked where it ran (``group.run_group``)."""
-    return Outcome(list(value))
+    """A group reward's result, already checked where it ran (``group.run_group``): a list
+    of values (a ``group.Scores`` keeps its details)."""
+    return Outcome(value)
 
 
 def _to_outcome(value: Any) -> Outcome:

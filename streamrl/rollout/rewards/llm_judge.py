@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,23 +81,30 @@ class Judge:
 
     def ask(self, prompt: str, max_new_tokens: int, chat: bool = True) -> str:
         """The judge's greedy answer to ``prompt``."""
+        return self.ask_all([prompt], max_new_tokens, chat)[0]
+
+    def ask_all(self, prompts: Sequence[str], max_new_tokens: int, chat: bool = True) -> list[str]:
+        """The judge's greedy answers to ``prompts``, generated as one batch."""
         from streamrl.models import encode_prompt
 
         tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            item = Item(id="judge", messages=[{"role": "user", "content": prompt}])
-        else:
-            item = Item(id="judge", prompt=prompt)
-        ids = encode_prompt(tok, item)
-        limit = context_of(self.engine)
-        if limit is not None and len(ids) >= limit:
-            raise ValueError(
-                f"llm_judge: the judge's prompt is {len(ids)} tokens; its context holds {limit}"
-            )
         stop = [tok.eos_token_id] if tok.eos_token_id is not None else []
         params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop)
-        (result,) = self.engine.generate([GenerationRequest(ids, params, seed=0)])
-        return tok.decode(result.token_ids, skip_special_tokens=True)
+        limit = context_of(self.engine)
+        requests = []
+        for prompt in prompts:
+            if chat and getattr(tok, "chat_template", None):
+                item = Item(id="judge", messages=[{"role": "user", "content": prompt}])
+            else:
+                item = Item(id="judge", prompt=prompt)
+            ids = encode_prompt(tok, item)
+            if limit is not None and len(ids) >= limit:
+                raise ValueError(
+                    f"llm_judge: the judge's prompt is {len(ids)} tokens; its context holds {limit}"
+                )
+            requests.append(GenerationRequest(ids, params, seed=0))
+        results = self.engine.generate(requests)
+        return [tok.decode(r.token_ids, skip_special_tokens=True) for r in results]
 
 
 _LOCK = threading.Lock()

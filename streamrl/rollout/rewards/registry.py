@@ -12,7 +12,7 @@ A component may apply to some domains only (``metadata["domain"]``, set by the
 
 >>> reward = CompositeReward([("numeric_match", 1.0), ("exact_match", 1.0, {}, ["chat"])])
 >>> reward("46", Item(id="q", prompt="12+34=", answer="46", metadata={"domain": "math"}))
-RewardResult(total=1.0, components={'numeric_match': 1.0}, errors={})
+RewardResult(total=1.0, components={'numeric_match': 1.0}, errors={}, details={})
 >>> reward.close()
 
 Built in: ``exact_match``, ``numeric_match``, ``math_verify``, ``format_reward`` and
@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from streamrl.config.options import validate_options
 from streamrl.core.types import Item
-from streamrl.rollout.rewards import arena, functions, group, llm_judge, reward_model
+from streamrl.rollout.rewards import (
+    arena,
+    functions,
+    group,
+    judges,
+    llm_judge,
+    reward_model,
+    rubric,
+)
 from streamrl.rollout.rewards.group import group_reward, is_group_reward, run_group
 from streamrl.rollout.rewards.guard import Outcome, RewardGuard
 from streamrl.sources.mixture import item_domain
@@ -55,6 +63,7 @@ _REWARDS: dict[str, Callable[..., float]] = {
     "llm_judge": llm_judge.llm_judge,
     **group.GROUP_REWARDS,  # fn(completions, item) -> list[float]: see group.py
     **arena.ARENA_REWARDS,  # a judge compares answers two at a time: see arena.py
+    **rubric.RUBRIC_REWARDS,  # a judge scores each criterion of the item's rubric
 }
 
 # Optional set-up of a named reward, run by CompositeReward when it is built:
@@ -79,12 +88,6 @@ def _known_correct(options: dict[str, Any], load: bool) -> None:
         raise ValueError(f"correct={name!r} is not one of {sorted(group.CORRECTNESS)}")
 
 
-def _has_url(options: dict[str, Any], load: bool) -> None:
-    """pairwise_judge and tournament_judge ask a judge at ``url``."""
-    if not str(options.get("url", "")).startswith(("http://", "https://")):
-        raise ValueError("url: the judge's OpenAI-compatible base URL (http://host:port/v1)")
-
-
 def _compiles(options: dict[str, Any], load: bool) -> None:
     """format_reward's pattern is a regular expression (not every call's failure)."""
     pattern = options.get("pattern", functions.INTEGER_PATTERN)
@@ -102,8 +105,9 @@ _SETUPS: dict[str, Setup] = {
     "llm_judge": llm_judge.setup,
     "majority_vote": _extracts,
     "length_aware": _known_correct,
-    "pairwise_judge": _has_url,
-    "tournament_judge": _has_url,
+    "pairwise_judge": arena.setup,
+    "tournament_judge": arena.setup,
+    "rubric_judge": rubric.setup,
 }
 
 
@@ -116,6 +120,10 @@ _IMPORTS: dict[str, tuple[str, ...]] = {
     "reasoning_gym": ("reasoning_gym",),
     "reward_model": ("streamrl.models.loading",),  # (transformers' Auto classes)
     "llm_judge": ("streamrl.models", "streamrl.engines.inference.engine"),
+    **dict.fromkeys(
+        ("pairwise_judge", "tournament_judge", "rubric_judge"),
+        ("streamrl.models", "streamrl.engines.inference.engine"),  # (judge.backend: engine)
+    ),
 }
 
 
@@ -196,6 +204,8 @@ class RewardResult:
     total: float | None
     components: dict[str, float | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    # a group component's named numbers for this answer (group.Scores), by component
+    details: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -205,11 +215,14 @@ class RewardResult:
         """Both results' components together (a completion's own and its group's).
 
         >>> RewardResult(1.0, {"a": 1.0}).plus(RewardResult(0.5, {"b": 0.5}))
-        RewardResult(total=1.5, components={'a': 1.0, 'b': 0.5}, errors={})
+        RewardResult(total=1.5, components={'a': 1.0, 'b': 0.5}, errors={}, details={})
         """
         total = None if self.total is None or other.total is None else self.total + other.total
         return RewardResult(
-            total, {**self.components, **other.components}, {**self.errors, **other.errors}
+            total,
+            {**self.components, **other.components},
+            {**self.errors, **other.errors},
+            {**self.details, **other.details},
         )
 
 
@@ -371,11 +384,18 @@ class CompositeReward:
         return RewardResult(total, components, errors)
 
     def _per_answer(self, outcomes: dict[str, Outcome], n: int) -> list[RewardResult]:
-        """Group outcomes (lists of ``n`` values, or errors) as one result per answer."""
-        return [
-            self._combine({k: Outcome(o.value[i]) if o.ok else o for k, o in outcomes.items()})
-            for i in range(n)
-        ]
+        """Group outcomes (lists of ``n`` values, or errors) as one result per answer, with
+        the details of the components that gave some (:class:`~.group.Scores`)."""
+        results = []
+        for i in range(n):
+            result = self._combine(
+                {k: Outcome(o.value[i]) if o.ok else o for k, o in outcomes.items()}
+            )
+            for k, o in outcomes.items():
+                if isinstance(o.value, group.Scores):
+                    result.details[k] = o.value.details[i]
+            results.append(result)
+        return results
 
     def __call__(self, completion: str, item: Item) -> RewardResult:
         """Score one completion (blocks at most about ``timeout_s``) by its per-answer
@@ -407,6 +427,16 @@ class CompositeReward:
         waits = (self.guard.aoutcome(f, group=True) for f in futures.values())
         outcomes = dict(zip(futures, await asyncio.gather(*waits), strict=True))
         return self._per_answer(outcomes, len(completions))
+
+    def bind_policy(self, engine: Any, tokenizer: Any) -> None:
+        """Give the components that ask the policy itself (a judge with ``backend:
+        policy``) the rollout worker's ``engine``: the worker calls this once it is built."""
+        for name, part in self.parts.items():
+            options = {k: judges.bind_policy(v, engine, tokenizer) for k, v in part.options.items()}
+            if part.ref is None or all(options[k] is v for k, v in part.options.items()):
+                continue
+            part.options, part.fn = options, functools.partial(_REWARDS[part.ref], **options)
+            (self.group_fns if part.group else self.fns)[name] = part.fn
 
     def close(self) -> None:
         """Stop the guard's workers if this composite created the guard."""

@@ -57,9 +57,9 @@ PLACEHOLDERS = ("prompt", "completion", "answer")
 # ----------------------------------------------------------------------------- templates
 
 
-def check_template(template: str) -> set[str]:
-    """The placeholders ``template`` uses; ValueError unless all are ``{prompt}``,
-    ``{completion}``, ``{answer}``.
+def check_template(template: str, allowed: Sequence[str] = PLACEHOLDERS) -> set[str]:
+    """The placeholders ``template`` uses; ValueError unless all are ``allowed`` (by
+    default ``{prompt}``, ``{completion}``, ``{answer}``).
 
     >>> sorted(check_template("{prompt} -> {completion}"))
     ['completion', 'prompt']
@@ -73,10 +73,11 @@ def check_template(template: str) -> set[str]:
     except ValueError as e:  # e.g. a single '{'
         raise ValueError(f"template: {e} (write literal braces as {{{{ and }}}})") from None
     for name in fields:
-        if name not in PLACEHOLDERS:
+        if name not in allowed:
+            use = ", ".join(f"{{{a}}}" for a in allowed)
             raise ValueError(
-                f"template: unknown placeholder {{{name}}}; use {{prompt}}, {{completion}}, "
-                "{answer} (write literal braces as {{ and }})"
+                f"template: unknown placeholder {{{name}}}; use {use} "
+                "(write literal braces as {{ and }})"
             )
     return set(fields)
 
@@ -94,15 +95,18 @@ def plain_prompt(item: Item) -> str:
     return item.prompt or ""
 
 
-def fill_template(template: str, item: Item, completion: str) -> str:
-    """``template`` with ``{prompt}``, ``{completion}`` and ``{answer}`` filled in.
+def fill_template(template: str, item: Item, completion: str, **extra: str) -> str:
+    """``template`` with ``{prompt}``, ``{completion}`` and ``{answer}`` filled in (and
+    the ``extra`` placeholders a caller allows, e.g. a rubric's ``{criterion}``).
 
     ``{answer}`` on an item without a reference answer raises ValueError (a recorded
     failure, not a silently empty reference).
     """
-    if "answer" in check_template(template) and item.answer is None:
+    if "answer" in check_template(template, (*PLACEHOLDERS, *extra)) and item.answer is None:
         raise ValueError(f"item {item.id!r} has no reference answer for the template's {{answer}}")
-    return template.format(prompt=plain_prompt(item), completion=completion, answer=item.answer)
+    return template.format(
+        prompt=plain_prompt(item), completion=completion, answer=item.answer, **extra
+    )
 
 
 # ----------------------------------------------------------------------------- batching

@@ -3,7 +3,8 @@
 Each episode scored its own answer by the per-answer components (``metadata
 ["reward_components"]``, ``["reward_errors"]`` and the trajectory's ``reward``); this adds
 the group components' values to each: the same keys, the weighted sum added to
-``reward``, a failure recorded as the answer's reward error (the worker then counts the
+``reward``, a component's details (:class:`~streamrl.rollout.rewards.group.Scores`) under
+``metadata["reward_details"]``, a failure recorded as the answer's reward error (the worker then counts the
 group as failed, ``reward_error:<name>``, as it does for a per-answer failure).
 """
 
@@ -35,6 +36,8 @@ async def add_group_rewards(
     results = await reward.ascore_group(group_completions(trajectories), item)
     for t, r in zip(trajectories, results, strict=True):
         t.metadata.setdefault("reward_components", {}).update(r.components)
+        if r.details:  # e.g. a rubric's per-criterion scores
+            t.metadata.setdefault("reward_details", {}).update(r.details)
         if r.errors:
             t.metadata["reward_errors"] = {**(t.metadata.get("reward_errors") or {}), **r.errors}
         if r.total is not None:

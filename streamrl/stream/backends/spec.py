@@ -28,6 +28,7 @@ from streamrl.rollout.worker import Emit, RolloutWorker
 def make_worker(spec: RolloutSpec, engine: Any, tokenizer: Any, emit: Emit) -> RolloutWorker:
     """The rollout worker of a run: the run's episode and algorithm on ``engine``."""
     reward = build_reward(spec.reward)
+    reward.bind_policy(engine, tokenizer)  # (a judge that is the policy asks this engine)
     episode = build_episode(spec.episode, tokenizer, reward)
     sampling = sampling_params(spec.rollout, tokenizer)
     return RolloutWorker(

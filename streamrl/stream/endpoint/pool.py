@@ -96,6 +96,8 @@ class EndpointPool(PoolBooks):
         self._active_calls = 0
         # the run's group reward components score each session's completions as a group
         self.group_reward = build_group_reward(spec.reward)
+        if self.group_reward is not None:  # (a judge that is the policy asks this engine)
+            self.group_reward.bind_policy(self.engine, tokenizer)
 
     # ------------------------------------------------------------ lifecycle
 
