@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from streamrl.core.loss import LossFn
@@ -76,9 +76,9 @@ class ShardedTrainEngine(TrainEngine):
         device = _device_for_backend()
         self.mesh = init_device_mesh(device.type, (self.world_size,))
         self.mp_policy = mp_policy or default_mixed_precision(device)
-        if kwargs.pop("batch_invariant", False):
-            raise ValueError("batch-invariant training is not supported sharded")
-        kwargs.pop("compile_layers", None)
+        for unsupported in ("batch_invariant", "compile_layers"):  # see docs/distributed.md
+            if kwargs.pop(unsupported, False):
+                raise ValueError(f"{unsupported} is not supported by the sharded trainer")
         kwargs.update(device=device, head_on_targets=False, packed=False, fused=False)
         model = shard_model(model.to(device), self.mesh, self.mp_policy)
         super().__init__(model, batch_invariant=False, **kwargs)
@@ -105,10 +105,7 @@ class ShardedTrainEngine(TrainEngine):
             head = torch.nn.Linear(self.model.config.hidden_size, 1)
             torch.nn.init.zeros_(head.weight)
             torch.nn.init.zeros_(head.bias)
-            fully_shard(head.to(self.device), mesh=self.mesh, mp_policy=self.mp_policy)
-            head.set_gradient_divide_factor(1.0)
-            head.set_force_sum_reduction_for_comms(True)
-            self.value_head = head
+            self.value_head = shard_model(head.to(self.device), self.mesh, self.mp_policy)
             self.add_trainable(head)
 
     # ----------------------------------------------------------------------------------
