@@ -228,6 +228,11 @@ def check_world_size(cfg: Config) -> None:
             f"{source_of(cfg).where(('train', 'world_size'))}: train.world_size={n} shards "
             "a language model's trainer, not an environment policy's; set train.world_size=1"
         )
+    if n > 1 and cfg.train.compile:
+        raise PreflightError(
+            f"{source_of(cfg).where(('train', 'compile'))}: train.compile is not supported "
+            f"by the sharded trainer (train.world_size={n}); set train.compile=false"
+        )
 
 
 def check_engine_compile(cfg: Config) -> None:

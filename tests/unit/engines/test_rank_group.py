@@ -124,6 +124,9 @@ def test_a_policy_run_with_several_ranks_is_refused_in_one_line(model):
     cfg = load_config(None, ["data.kind=gym", f"model.name_or_path={model}", "train.world_size=2"])
     with pytest.raises(PreflightError, match=r"^command-line override: train.world_size=2 shards"):
         check_world_size(cfg)
+    compiled = load_config(None, ["train.world_size=2", "train.compile=true"])
+    with pytest.raises(PreflightError, match=r"train.compile is not supported by the sharded"):
+        check_world_size(compiled)
 
 
 def test_restarts_are_counted_and_bounded(tmp_path, capsys):
