@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from streamrl.config.base import Section
+from streamrl.config.curriculum import BudgetsConfig, CurriculumConfig
 
 
 class SelectionConfig(Section):
@@ -24,7 +25,9 @@ class SelectionConfig(Section):
         "'likelihood': before generating a group, score the reference answer under the current "
         "policy (p) and skip the item when p^G, a lower bound on P(all G correct), exceeds "
         "selection.threshold; counted as selection/skipped/predicted_all_correct (and see "
-        "selection.skip_all_wrong and selection.max_candidates).",
+        "selection.skip_all_wrong and selection.max_candidates); 'curriculum': move each task's "
+        "difficulty level with its success rate, a bandit over a mixture's tasks, and "
+        "per-prompt rollout budgets (selection.curriculum.*, selection.budgets.*).",
     )
     prior_alpha: float = Field(
         1.0, gt=0, description="Beta prior's alpha (pseudo-successes) of every prompt."
@@ -102,3 +105,5 @@ class SelectionConfig(Section):
         "likelihood: candidates skipped since any was generated; the next item is "
         "generated without the gate.",
     )
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)

@@ -9,7 +9,11 @@
 
 Heads: a categorical distribution for ``Discrete`` actions, a diagonal Gaussian with a
 state-independent log standard deviation for ``Box`` actions (actions are sampled
-unbounded; the environment wrapper clips them to the box). ``obs_norm=True`` keeps a
+unbounded; the environment wrapper clips them to the box). ``agents=K`` (an environment of
+K agents whose observations end in a one-hot agent id, ``data.kind: pettingzoo`` with
+``policies: per_agent``) gives each agent its own actor and critic in one module: the
+one-hot chooses the network, so one set of weights and one version still cover every
+agent. ``obs_norm=True`` keeps a
 running mean and variance of observations as buffers: they travel with the weights
 (the trainer updates them from the segments it trains on; workers only read them).
 
@@ -52,6 +56,24 @@ def _mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class PerAgent(nn.Module):
+    """K networks over observations that end in a K-wide one-hot agent id: each row goes
+    through its agent's network (the id itself is not an input).
+
+    x (B, D + K) -> (B, out): sum_k onehot_k * net_k(x[:, :D])
+    """
+
+    def __init__(self, nets: list[nn.Module]) -> None:
+        super().__init__()
+        self.nets = nn.ModuleList(nets)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = len(self.nets)
+        features, onehot = x[..., :-k], x[..., -k:]
+        outs = torch.stack([net(features) for net in self.nets], dim=-2)  # (B, K, out)
+        return (onehot.unsqueeze(-1) * outs).sum(-2)
+
+
 def space_spec(space: Any) -> dict[str, Any]:
     """A JSON description of a gymnasium space (what a saved policy needs to rebuild)."""
     name = type(space).__name__
@@ -83,6 +105,12 @@ class Policy(nn.Module):
         self.discrete = act["type"] == "Discrete"
         self.act_dim = act["n"] if self.discrete else int(np.prod(act["shape"]))
         hidden = list(config.get("hidden", [64, 64]))
+        self.agents = int(config.get("agents", 1))
+        if self.agents > 1 and (config["arch"] != "mlp" or self.obs_shape[-1] <= self.agents):
+            raise ValueError(
+                f"agents={self.agents} needs an mlp over flat observations that end in a "
+                f"{self.agents}-wide agent id, got {config['arch']} over {self.obs_shape}"
+            )
         if config["arch"] == "cnn":
             if len(self.obs_shape) != 3:
                 raise ValueError(f"cnn needs (C, H, W) observations, got {self.obs_shape}")
@@ -105,10 +133,8 @@ class Policy(nn.Module):
         else:
             if len(self.obs_shape) != 1:
                 raise ValueError(f"mlp needs flat observations, got shape {self.obs_shape}")
-            n = self.obs_shape[0]
             self.trunk = nn.Identity()
-            self.actor = _mlp([n, *hidden, self.act_dim], 0.01)
-            self.critic = _mlp([n, *hidden, 1], 1.0)
+            self.actor, self.critic = self._heads_mlp(hidden)
         if not self.discrete:
             self.log_std = nn.Parameter(
                 torch.full((self.act_dim,), float(config.get("log_std", 0.0)))
@@ -118,15 +144,29 @@ class Policy(nn.Module):
         self.register_buffer("obs_var", torch.ones(self.obs_shape))
         self.register_buffer("obs_count", torch.tensor(1e-4))
 
+    def _heads_mlp(self, hidden: list[int]) -> tuple[nn.Module, nn.Module]:
+        """(actor, critic) MLPs; one pair per agent, routed by the agent id, if agents > 1."""
+        n = self.obs_shape[0]
+        if self.agents == 1:
+            return _mlp([n, *hidden, self.act_dim], 0.01), _mlp([n, *hidden, 1], 1.0)
+        n -= self.agents
+        return (
+            PerAgent([_mlp([n, *hidden, self.act_dim], 0.01) for _ in range(self.agents)]),
+            PerAgent([_mlp([n, *hidden, 1], 1.0) for _ in range(self.agents)]),
+        )
+
     # ------------------------------------------------------------ observations
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
         obs = obs.float()
         if self.config["arch"] == "cnn":
             return obs / 255.0
-        if self.obs_norm:
-            return ((obs - self.obs_mean) / (self.obs_var + 1e-8).sqrt()).clamp(-10, 10)
-        return obs
+        if not self.obs_norm:
+            return obs
+        out = ((obs - self.obs_mean) / (self.obs_var + 1e-8).sqrt()).clamp(-10, 10)
+        if self.agents > 1:  # the agent id stays a one-hot: it chooses the network
+            out = torch.cat([out[..., : -self.agents], obs[..., -self.agents :]], dim=-1)
+        return out
 
     @torch.no_grad()
     def update_obs_stats(self, obs: torch.Tensor) -> None:
@@ -217,9 +257,13 @@ class PolicyOptions(BaseModel):
     log_std: float = Field(0.0, description="Initial log standard deviation (Box actions).")
 
 
-def build_policy(name: str, observation_space: Any, action_space: Any, **options: Any) -> Policy:
+def build_policy(
+    name: str, observation_space: Any, action_space: Any, *, agents: int = 1, **options: Any
+) -> Policy:
     """A fresh policy ``name`` ('mlp' or 'cnn') for these spaces; options: those of
-    :class:`PolicyOptions` (checked: an OptionsError names each bad one)."""
+    :class:`PolicyOptions` (checked: an OptionsError names each bad one). ``agents``
+    comes from the environment (its :meth:`~streamrl.sources.base.TaskSource.policy_options`),
+    not from ``model.options``: one network per agent when > 1."""
     if name not in POLICY_PRESETS:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_PRESETS)}")
     config = {
@@ -228,6 +272,8 @@ def build_policy(name: str, observation_space: Any, action_space: Any, **options
         "action": space_spec(action_space),
         **validate_options(PolicyOptions, options, ("model", "options")),
     }
+    if agents > 1:
+        config["agents"] = int(agents)
     return Policy(config)
 
 

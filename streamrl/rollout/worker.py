@@ -186,8 +186,8 @@ async def rollout_group(
     sampler = sampler if sampler is not None else GroupSampler()
 
     async def roll(chosen: Item) -> GroupDone | GroupRejected | None:
-        draws = sampler.group(engine, chosen, group_size, seed)
-        return await _rollout(engine, episode, algorithm, chosen, draws, group_size, reward)
+        draws = sampler.group(engine, chosen, group_size, seed)  # (its own budget, maybe)
+        return await _rollout(engine, episode, algorithm, chosen, draws, len(draws), reward)
 
     return await sampler.rollout(engine, item, plan, roll)
 

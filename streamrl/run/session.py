@@ -216,7 +216,7 @@ class Session(PreRLStages, RLStage):
             dtype=cfg.model.dtype,
             seed=cfg.seed,
             spaces=self.inputs.source.spaces(),
-            options=cfg.model.options,
+            options={**cfg.model.options, **self.inputs.source.policy_options()},
         )
         self.model = model.to(self.device)
         self.summary["model_parameters"] = model.num_parameters()

@@ -17,6 +17,7 @@ minari         :class:`MinariTaskSource`                    dataset_id, batch_tr
 textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
 verifiers      :class:`VerifiersTaskSource`                 load, args, demonstration, ...
 openenv        :class:`OpenEnvTaskSource`                   load, action, action_field, ...
+pettingzoo     :class:`PettingZooTaskSource`                env_id, policies, agent_id, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -38,6 +39,7 @@ from streamrl.sources.longtail import LongTailTaskSource
 from streamrl.sources.minari import MinariTaskSource
 from streamrl.sources.mixture import MixtureTaskSource, item_correct_reward, item_domain
 from streamrl.sources.openenv import OpenEnvTaskSource
+from streamrl.sources.pettingzoo import PettingZooTaskSource
 from streamrl.sources.reasoning_gym import ReasoningGymTaskSource
 from streamrl.sources.textarena import TextArenaTaskSource
 from streamrl.sources.tool_arithmetic import ToolArithmeticTaskSource
@@ -56,6 +58,7 @@ __all__ = [
     "MixtureTaskSource",
     "OpenEnvTaskSource",
     "ParquetTaskSource",
+    "PettingZooTaskSource",
     "ReasoningGymTaskSource",
     "TaskSource",
     "TextArenaTaskSource",
@@ -86,6 +89,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "textarena": TextArenaTaskSource,
     "verifiers": VerifiersTaskSource,
     "openenv": OpenEnvTaskSource,
+    "pettingzoo": PettingZooTaskSource,
 }
 
 

@@ -9,6 +9,9 @@ a stable hash of its canonical string (``"12+34"``) falls in the bucket covering
 the held-out list is drawn (with a fixed seed) only from that bucket. When the
 problem space is small the held-out list may hold fewer than ``heldout_size``
 problems (it then holds every held-out problem).
+
+Difficulty: ``digits`` levels, level L drawing operands of up to L + 1 digits (the top
+level is the task as configured); the held-out split is always the configured task.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 from streamrl.core.types import Item
-from streamrl.sources.base import TaskSource, in_heldout
+from streamrl.sources.base import LEVEL_KEY, TaskSource, in_heldout
 
 CHAT_TEMPLATE = "What is {expr}? Reply with only the number."
 _HELDOUT_SEED = "streamrl-arithmetic-heldout"
@@ -56,6 +59,8 @@ class ArithmeticTaskSource(TaskSource):
         heldout_fraction: share of the problem space reserved for held-out.
     """
 
+    task_name = "arithmetic"
+
     def __init__(
         self,
         digits: int = 2,
@@ -85,8 +90,13 @@ class ArithmeticTaskSource(TaskSource):
         self.heldout_fraction = heldout_fraction
         self._heldout: list[Item] | None = None
 
-    def _sample(self, rng: random.Random) -> tuple[list[int], list[str]]:
-        hi = 10**self.digits - 1
+    @property
+    def levels(self) -> int:
+        """One level per operand length: level L draws operands of up to L + 1 digits."""
+        return self.digits
+
+    def _sample(self, rng: random.Random, digits: int | None = None) -> tuple[list[int], list[str]]:
+        hi = 10 ** (digits or self.digits) - 1
         operands = [rng.randint(0, hi) for _ in range(self.num_operands)]
         ops = [rng.choice(self.operators) for _ in range(self.num_operands - 1)]
         return operands, ops
@@ -114,16 +124,21 @@ class ArithmeticTaskSource(TaskSource):
 
     def train_iter(self, seed: int) -> Iterator[Item]:
         rng = random.Random(seed)
+        level = self.level
+        digits = None if level is None else level + 1
         rejected_in_a_row = 0
         while True:
-            operands, ops = self._sample(rng)
+            operands, ops = self._sample(rng, digits)
             if self.is_heldout(operands, ops):
                 rejected_in_a_row += 1
                 if rejected_in_a_row > 10_000:  # unreachable unless the space is ~all held out
                     raise RuntimeError("arithmetic: cannot draw a training problem")
                 continue
             rejected_in_a_row = 0
-            yield self.make_item(operands, ops)
+            item = self.make_item(operands, ops)
+            if level is not None:
+                item.metadata[LEVEL_KEY] = level
+            yield item
 
     def heldout(self, n: int | None = None) -> list[Item]:
         if self._heldout is None:

@@ -12,7 +12,8 @@ import copy
 import hashlib
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from streamrl.core.types import Item
@@ -68,6 +69,9 @@ def fresh(item: Item) -> Item:
     return copy.deepcopy(item)
 
 
+LEVEL_KEY = "level"  # item.metadata: the difficulty level a leveled source drew it at
+
+
 class TaskSource(ABC):
     """Where items come from.
 
@@ -77,12 +81,54 @@ class TaskSource(ABC):
     Each yielded item is a fresh object the caller owns.
 
     An environment's source also has its Gymnasium spaces (a policy is built for them;
-    None for text tasks), and a source whose training stream comes in phases (offline,
+    None for text tasks) and the options its policy needs beyond them, and a source whose training stream comes in phases (offline,
     then online data) says where each ends (:attr:`phases`).
+
+    Difficulty (a curriculum's knob): a procedural source has :attr:`levels` levels of
+    its training items, 0 the easiest; :meth:`set_level` picks one for the iterators
+    made after it, and each item drawn at a set level records it in
+    ``metadata["level"]``. The held-out split stays the task as configured. A source
+    with one level has no knob. :meth:`tasks` lists what a curriculum steers (a
+    mixture: each domain).
     """
 
     observation_space: Any = None
     action_space: Any = None
+    #: what a curriculum calls this source's task (``curriculum/<task_name>/level``)
+    task_name: str = "task"
+    _level: int | None = None  # set_level's; None: the task as configured
+
+    @property
+    def levels(self) -> int:
+        """How many difficulty levels the training items have (1: no knob)."""
+        return 1
+
+    @property
+    def level(self) -> int | None:
+        """The level :meth:`set_level` set (None: the task as configured)."""
+        return self._level
+
+    def set_level(self, level: int) -> None:
+        """Training iterators made from now on draw items at ``level`` (0 the easiest,
+        ``levels - 1`` the hardest), each recording it in ``metadata["level"]``."""
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self.levels:
+            raise ValueError(
+                f"{self.task_name}: difficulty level must be an integer in "
+                f"[0, {self.levels - 1}], got {level!r}"
+            )
+        self._level = level
+
+    def at_level(self, level: int) -> TaskSource:
+        """A copy of this source whose training items are at ``level`` (this one is
+        unchanged; both share what they read only)."""
+        clone = copy.copy(self)
+        clone.set_level(level)
+        return clone
+
+    def tasks(self) -> list[Task]:
+        """The tasks a curriculum steers: this source as one task (a mixture: each of
+        its domains)."""
+        return [Task(self.task_name, 1.0, self)]
 
     @property
     def phases(self) -> dict[str, int]:
@@ -96,6 +142,12 @@ class TaskSource(ABC):
             return None
         return self.observation_space, self.action_space
 
+    def policy_options(self) -> dict[str, Any]:
+        """What the environment decides of its policy beyond the spaces (a multi-agent
+        environment's ``agents``: one network per agent); the run adds them to
+        ``model.options`` when it builds a policy preset. None here."""
+        return {}
+
     @abstractmethod
     def train_iter(self, seed: int) -> Iterator[Item]:
         """Endless training items, deterministic for ``seed``."""
@@ -103,6 +155,22 @@ class TaskSource(ABC):
     @abstractmethod
     def heldout(self, n: int | None = None) -> list[Item]:
         """The first ``n`` held-out items (all of them when ``n`` is None)."""
+
+
+def _unchanged(item: Item) -> Item:
+    return item
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a source as a curriculum sees it: its name, its share of the source's
+    stream (a mixture's weight), the source of its items (leveled or not), and what the
+    source does to each item it yields (a mixture tags the item's domain)."""
+
+    name: str
+    weight: float
+    source: TaskSource
+    tag: Callable[[Item], Item] = _unchanged
 
 
 class FiniteTaskSource(TaskSource):

@@ -26,6 +26,8 @@ class LongTailTaskSource(ArithmeticTaskSource):
     [4, 32]
     """
 
+    task_name = "longtail"
+
     def __init__(
         self,
         long_fraction: float = 0.125,

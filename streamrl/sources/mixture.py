@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from streamrl.config.options import OptionsError
 from streamrl.core.types import Item
-from streamrl.sources.base import DataError, TaskSource
+from streamrl.sources.base import DataError, Task, TaskSource
 
 DOMAIN_KEY = "domain"  # item.metadata key: the mixture source an item came from
 CORRECT_REWARD_KEY = "correct_reward"  # item.metadata key: its domain's correctness reward
@@ -143,6 +143,10 @@ class MixtureTaskSource(TaskSource):
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.parts]
+
+    def tasks(self) -> list[Task]:
+        """Each domain, its weight, its source and its tag (a curriculum steers each)."""
+        return [Task(p.name, p.weight, p.source, p.tag) for p in self.parts]
 
     def train_iter(self, seed: int) -> Iterator[Item]:
         rng = random.Random(seed)

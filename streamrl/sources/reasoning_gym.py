@@ -6,17 +6,23 @@ held-out set are dropped, so the splits never share a question. Each item keeps 
 original entry in ``metadata["rg_entry"]`` and the task name in
 ``metadata["rg_task"]``; the ``reasoning_gym`` reward scores with the task's own
 ``score_answer(answer, entry)``.
+
+Difficulty: a task with a reasoning-gym curriculum has that curriculum's levels
+(its global level: every attribute at level L, or its last); level L draws training
+entries from the configuration the curriculum generates at L over the ``config``
+given. The held-out split stays the task as configured.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from collections.abc import Iterator
 from typing import Any, Literal
 
 from streamrl.core.types import Item
-from streamrl.sources.base import TaskSource
+from streamrl.sources.base import LEVEL_KEY, TaskSource
 
 # Held-out entries come from seed + this offset (train uses ``seed``).
 HELDOUT_SEED_OFFSET = 1_000_003
@@ -52,6 +58,7 @@ class ReasoningGymTaskSource(TaskSource):
         if size < 1 or heldout_size < 0:
             raise ValueError(f"need size >= 1 and heldout_size >= 0, got {size}, {heldout_size}")
         self.task, self.format, self.system_prompt = task, format, system_prompt
+        self.task_name, self.size, self.seed, self.config = task, size, seed, config or {}
         hseed = seed + HELDOUT_SEED_OFFSET if heldout_seed is None else heldout_seed
         if hseed == seed:
             raise ValueError("heldout_seed must differ from seed")
@@ -62,6 +69,26 @@ class ReasoningGymTaskSource(TaskSource):
         # Training indices skipped because their question is held out (filled as met).
         self.dropped_overlap: set[int] = set()
 
+    @property
+    def levels(self) -> int:
+        """The task's reasoning-gym curriculum's levels (1 without a curriculum)."""
+        curriculum = _curriculum(self.task)
+        if curriculum is None:
+            return 1
+        return max((len(a.levels) for a in curriculum.attributes.values()), default=1)
+
+    def set_level(self, level: int) -> None:
+        """Training entries from the curriculum's configuration at ``level``."""
+        super().set_level(level)
+        curriculum = _curriculum(self.task)
+        if curriculum is None:
+            return
+        curriculum.set_global_level(level)
+        generated = dataclasses.asdict(curriculum.generate_configuration(dict(self.config)))
+        options = {k: v for k, v in generated.items() if k not in ("seed", "size")}
+        self._train_ds = _create(self.task, self.size, self.seed, options)
+        self.dropped_overlap = set()
+
     def _item(self, entry: dict[str, Any], split: str, index: int) -> Item:
         question = entry["question"]
         if self.format == "plain":
@@ -70,12 +97,16 @@ class ReasoningGymTaskSource(TaskSource):
             prompt, messages = None, [{"role": "user", "content": question}]
             if self.system_prompt:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
+        level = self.level if split == "train" else None
+        metadata: dict[str, Any] = {"rg_task": self.task, "rg_entry": entry}
+        if level is not None:
+            metadata[LEVEL_KEY] = level
         return Item(
-            id=f"rg:{self.task}:{split}:{index}",
+            id=f"rg:{self.task}:{split}:{index}" + ("" if level is None else f":L{level}"),
             prompt=prompt,
             messages=messages,
             answer=None if entry.get("answer") is None else str(entry["answer"]),
-            metadata={"rg_task": self.task, "rg_entry": entry},
+            metadata=metadata,
         )
 
     def train_iter(self, seed: int) -> Iterator[Item]:
@@ -97,6 +128,13 @@ class ReasoningGymTaskSource(TaskSource):
     def heldout(self, n: int | None = None) -> list[Item]:
         entries = self._heldout_entries if n is None else self._heldout_entries[:n]
         return [self._item(copy.deepcopy(e), "heldout", i) for i, e in enumerate(entries)]
+
+
+def _curriculum(task: str) -> Any:
+    """The task's reasoning-gym curriculum, or None where it has none."""
+    from reasoning_gym.factory import create_curriculum, has_curriculum
+
+    return create_curriculum(task) if has_curriculum(task) else None
 
 
 def _create(task: str, size: int, seed: int, config: dict[str, Any]) -> Any:

@@ -18,6 +18,9 @@ Options:
                      ``prompt`` is the rules, ``player_action`` the others' raw moves)
     demonstration:   an opponent whose moves, played in the policy seats, are the
                      supervised warm-start's demonstrations (``sft.steps > 0``)
+    invalid_move_penalty: subtracted from the return of a seat whose invalid move ended
+                     the game (TextArena scores it as a plain loss, no worse than a legal
+                     losing move: a seat that loses anyway has no reason to stay legal)
     heldout_size:    held-out games (all opponents together)
 
 TextArena games draw from Python's global ``random``; each game keeps its own
@@ -101,9 +104,12 @@ class TextArenaTaskSource(TaskSource):
         observe: list[str] | None = None,
         demonstration: str | None = None,
         heldout_size: int = 200,
+        invalid_move_penalty: float = 0.0,
     ) -> None:
         if players < 1 or heldout_size < 1:
             raise ValueError("players and heldout_size must be >= 1")
+        if invalid_move_penalty < 0:
+            raise ValueError("invalid_move_penalty must be >= 0")
         self.seats = list(seats) if seats is not None else [POLICY] * players
         if len(self.seats) != players or POLICY not in self.seats:
             raise ValueError(f"seats must name {players} players, the policy among them")
@@ -114,6 +120,7 @@ class TextArenaTaskSource(TaskSource):
             "options": dict(env_options or {}),
             "players": players,
             "observe": observation_types(observe),
+            "invalid_move_penalty": float(invalid_move_penalty),
         }
         self.demonstration, self.heldout_size = demonstration, heldout_size
         game, state = make_game(env_id, self.spec["options"]), [None]

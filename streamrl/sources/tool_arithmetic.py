@@ -44,6 +44,8 @@ class ToolArithmeticTaskSource(ArithmeticTaskSource):
     tool: the tool the teacher calls ('calculator', or 'python' running print(expression)).
     """
 
+    task_name = "tool_arithmetic"
+
     def __init__(
         self,
         digits: int = 4,

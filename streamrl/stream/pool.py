@@ -57,6 +57,7 @@ from streamrl.core.messages import (
 from streamrl.core.types import Item
 from streamrl.rollout.episodes.base import PromptTooLong
 from streamrl.rollout.selection.base import GroupSampler, Source
+from streamrl.sources.base import TaskSource
 from streamrl.stream.backends.base import Backend, WorkerLost
 from streamrl.stream.books import (
     START_TIMEOUT_S,
@@ -88,6 +89,7 @@ class RolloutPool(PoolBooks):
         interval_s: float = 0.002,
         logger: logging.Logger | None = None,
         sampler: GroupSampler | None = None,
+        task_source: TaskSource | None = None,
     ) -> None:
         super().__init__()
         self.backend, self.stream, self.items = backend, stream, items
@@ -114,7 +116,8 @@ class RolloutPool(PoolBooks):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.sampler = sampler if sampler is not None else GroupSampler()
-        self.sampler.attach(Source(self._draw, stream.items_per_batch, stream.max_staleness))
+        limits = (stream.items_per_batch, stream.max_staleness)
+        self.sampler.attach(Source(self._draw, *limits, task_source))
 
     # ------------------------------------------------------------ lifecycle
 

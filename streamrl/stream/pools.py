@@ -147,4 +147,5 @@ def make_pool(
         max_dropped_in_a_row=spec.algorithm.max_dropped_in_a_row,
         logger=logger,
         sampler=build_sampler(spec.selection, spec.rollout, spec.seed),
+        task_source=source,
     )

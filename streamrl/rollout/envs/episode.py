@@ -233,7 +233,10 @@ class EnvEpisode:
         opponent's name) in the policy seats, one seat's moves as trained-on tokens."""
         teacher = get_opponent(item.metadata["demonstration"])
         params = item_params(self.sampling, item, greedy=True)
-        out = asyncio.run(self.play(None, item, 0, params, teacher=teacher))
+        # the teacher's generator is seeded by the item: a random teacher's games differ
+        # (one seed for every game made "random" one fixed move per situation)
+        seed = self.reset_seed(item) ^ stable_hash(item.id)
+        out = asyncio.run(self.play(None, item, seed, params, teacher=teacher))
         if not out.trajectories:
             raise ValueError(f"item {item.id!r}: its demonstration failed: {out.error}")
         return out.trajectories[stable_hash(item.id) % len(out.trajectories)]

@@ -38,6 +38,7 @@ class TextArenaEnv:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.seats = int(spec["players"])
         self.observe = set(spec["observe"])
+        self.penalty = float(spec.get("invalid_move_penalty", 0.0))
         self.game = make_game(spec["id"], spec.get("options", {}))
         self.random: list[Any] = [None]  # this game's generator state
 
@@ -66,6 +67,9 @@ class TextArenaEnv:
         if done:
             rewards, game_info = await in_thread(self._call, self.game.close)
             outcome = {int(s): float(r) for s, r in (rewards or {}).items()}
+            for s, seat_info in (game_info or {}).items():  # the seat whose move was invalid
+                if self.penalty and (seat_info or {}).get("invalid_move") and int(s) in outcome:
+                    outcome[int(s)] -= self.penalty
             return Step(None, outcome, True, {"game_info": game_info})
         return Step(await in_thread(self._observe), {}, False, dict(info or {}))
 

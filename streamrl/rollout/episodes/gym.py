@@ -7,6 +7,10 @@ truncations, bootstrap values, and the weight version of every step). The
 environments persist between calls, so consecutive segments continue the same
 episodes; calls of one worker run one at a time.
 
+A PettingZoo environment's item (``data.kind: pettingzoo``) is played the same way, its
+agents the columns of the vectorised environment; the episode returns one segment per
+agent (:mod:`streamrl.rollout.episodes.multi_agent`).
+
 An item of logged data (``data.kind: minari``) already carries its transitions
 (``metadata["transitions"]``): the episode returns them as they are, so offline and
 online experience share the stream.
@@ -32,12 +36,26 @@ import torch
 from streamrl.core.transitions import Transitions
 from streamrl.core.types import Item, Segment
 from streamrl.engines.inference.policy import PolicyEngine
-from streamrl.rollout.episodes.base import EpisodeSpec, register_episode
+from streamrl.rollout.episodes.base import EpisodeSpec, Trajectories, register_episode
+from streamrl.rollout.episodes.multi_agent import evaluate_agents, split_agents
 from streamrl.sources.gym import make_env, make_vector_env
+from streamrl.sources.pettingzoo import KIND as PETTINGZOO
+from streamrl.sources.pettingzoo import ParallelVectorEnv
 
 
 class EnvFailure(RuntimeError):
     """The environment raised or returned NaN/inf."""
+
+
+def vector_env(meta: dict[str, Any]) -> Any:
+    """The vectorised environment an item's metadata describes (a gym or a PettingZoo one)."""
+    if PETTINGZOO in meta:
+        return ParallelVectorEnv(
+            meta["env_id"], meta["env_options"], meta["num_envs"], meta[PETTINGZOO]["agent_id"]
+        )
+    return make_vector_env(
+        meta["env_id"], meta["num_envs"], meta["vectorization"], meta["env_options"]
+    )
 
 
 def _check_finite(name: str, x: np.ndarray, env_id: str) -> None:
@@ -61,11 +79,9 @@ class GymEpisode:
     def _reset(self, meta: dict[str, Any], seed: int) -> None:
         if self.envs is not None:
             self.envs.close()
-        self.envs = make_vector_env(
-            meta["env_id"], meta["num_envs"], meta["vectorization"], meta["env_options"]
-        )
+        self.envs = vector_env(meta)
         self.obs, _ = self.envs.reset(seed=seed)
-        n = meta["num_envs"]
+        n = self.envs.num_envs
         self.returns, self.lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
 
     def _actions(self, actions: np.ndarray) -> np.ndarray:
@@ -76,8 +92,10 @@ class GymEpisode:
 
     async def __call__(
         self, engine: PolicyEngine, item: Item, seed: int, *, greedy: bool = False
-    ) -> Segment | Transitions:
+    ) -> Segment | Transitions | Trajectories:
         if greedy:
+            if PETTINGZOO in item.metadata:
+                return evaluate_agents(engine, item)
             return self.evaluate(engine, item)
         if "transitions" in item.metadata:  # logged data (data.kind: minari): played already
             return item.metadata["transitions"]
@@ -86,17 +104,22 @@ class GymEpisode:
             if self.envs is None:
                 self._reset(meta, seed)
             try:
-                return await self._segment(engine, meta)
+                segment, columns = await self._segment(engine, meta)
             except BaseException:
                 self.envs.close()
                 self.envs = None  # rebuilt, from a new seed, for the next segment
                 raise
+        if PETTINGZOO in meta:  # one segment per agent
+            return split_agents(segment, columns, meta[PETTINGZOO]["agents"])
+        return segment
 
-    async def _segment(self, engine: PolicyEngine, meta: dict[str, Any]) -> Segment:
+    async def _segment(
+        self, engine: PolicyEngine, meta: dict[str, Any]
+    ) -> tuple[Segment, list[int]]:
+        """The segment, and the column (environment) of each episode that ended in it."""
         t_len, env_id = meta["segment_length"], meta["env_id"]
         obs, acts, logps, vals, rews, terms, truncs, finals, versions = ([] for _ in range(9))
-        done_returns: list[float] = []
-        done_lengths: list[int] = []
+        ended: list[tuple[int, float, int]] = []  # (column, return, length) of each episode
         for t in range(t_len):
             out = engine.act(self.obs)
             versions.append(engine.version)
@@ -116,8 +139,7 @@ class GymEpisode:
             self.returns += reward
             self.lengths += 1
             for i in np.nonzero(done)[0]:
-                done_returns.append(float(self.returns[i]))
-                done_lengths.append(int(self.lengths[i]))
+                ended.append((int(i), float(self.returns[i]), int(self.lengths[i])))
                 self.returns[i], self.lengths[i] = 0.0, 0
             obs.append(self.obs)
             acts.append(out["actions"])
@@ -132,7 +154,7 @@ class GymEpisode:
                 await asyncio.sleep(0)  # let the worker loop read commands
         self.segments += 1
         stack = lambda xs, dt=None: torch.as_tensor(np.stack(xs), dtype=dt)  # noqa: E731
-        return Segment(
+        segment = Segment(
             obs=stack(obs, torch.float32),
             actions=stack(acts),
             logprobs=stack(logps, torch.float32),
@@ -144,9 +166,10 @@ class GymEpisode:
             last_obs=torch.as_tensor(np.asarray(self.obs), dtype=torch.float32),
             last_values=torch.as_tensor(engine.values(self.obs), dtype=torch.float32),
             versions=torch.tensor(versions, dtype=torch.long),
-            episode_returns=done_returns,
-            episode_lengths=done_lengths,
+            episode_returns=[r for _, r, _ in ended],
+            episode_lengths=[n for _, _, n in ended],
         )
+        return segment, [c for c, _, _ in ended]
 
     def evaluate(self, engine: PolicyEngine, item: Item) -> Segment:
         """One whole episode with deterministic actions (no state shared with training)."""

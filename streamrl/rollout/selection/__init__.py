@@ -3,10 +3,12 @@
 One extension point (:class:`GroupSampler`, ``base.py``) that the rollout pool and the
 rollout worker call; a registry keyed by ``selection.kind`` and
 ``rollout.group_sampling`` (``registry.py``); the draw rules (``draws.py``); and the
-built-in samplers: the per-prompt posterior (``posterior.py``) and the likelihood gate
-(``likelihood.py``, with ``gate.py`` and ``candidates.py``).
+built-in samplers: the per-prompt posterior (``posterior.py``), the likelihood gate
+(``likelihood.py``, with ``gate.py`` and ``candidates.py``), and the curriculum
+(``curriculum.py``, with ``levels.py`` and ``budgets.py``).
 """
 
+from streamrl.rollout.selection import curriculum as curriculum  # registers "curriculum"
 from streamrl.rollout.selection import likelihood as likelihood  # registers "likelihood"
 from streamrl.rollout.selection import posterior as posterior  # registers "posterior"
 from streamrl.rollout.selection.base import GroupSampler, SamplerContext, SamplerSetup, Source

@@ -39,6 +39,7 @@ from streamrl.rollout.selection.draws import Draws, independent
 
 if TYPE_CHECKING:
     from streamrl.config import RolloutConfig, SelectionConfig
+    from streamrl.sources.base import TaskSource
 
 Report = GroupDone | GroupRejected
 #: the plain rollout of an item's group, drawn by the sampler (None: cancelled)
@@ -49,11 +50,14 @@ Roll = Callable[[Item], Awaitable[Report | None]]
 class Source:
     """What the pool lends its sampler: ``draw()`` takes the task source's next item (it
     counts in the source's position, so a drawn item must be issued, kept or counted),
-    and the stream's batch size and staleness bound η."""
+    the stream's batch size and staleness bound η, and the task source itself (for a
+    sampler that steers it, as the curriculum does: it then keeps its own position in
+    its state; None where the pool has only the items)."""
 
     draw: Callable[[], Item]
     items_per_batch: int = 1
     max_staleness: int = 0
+    task: TaskSource | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,8 @@ class GroupSampler:
     def group(
         self, engine: InferenceEngine, item: Item, group_size: int, seed: int
     ) -> list[tuple[InferenceEngine, int]]:
-        """The engine view and sampling seed of each of the group's samples."""
+        """The engine view and sampling seed of each of the group's samples (as many as
+        the group has: a sampler may give an item another number than ``group_size``)."""
         return self.draws(engine, seed, item.index, group_size)
 
     async def work(self, engine: InferenceEngine, payload: Any) -> Any:

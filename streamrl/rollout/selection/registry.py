@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import BaseModel
+
 from streamrl.core.types import SamplingParams
 from streamrl.rollout.selection.base import GroupSampler, SamplerContext, SamplerSetup
 from streamrl.rollout.selection.draws import Draws, independent, stratified
@@ -91,9 +93,9 @@ def check_sampler(run: SamplerContext) -> None:
     sel = run.selection
     cls = sampler_class(sel.kind)
     for kind, other in _SAMPLERS.items():
-        for key, (default, why) in {} if other is cls else other.own_options.items():
-            value = getattr(sel, key)
-            if value != default:
+        for own, (default, why) in {} if other is cls else other.own_options.items():
+            if getattr(sel, own) != default:
+                key, value = _first_set(own, getattr(sel, own), default)
                 raise ValueError(
                     f"selection.{key}={_shown(value)} needs selection.kind={kind} (got "
                     f"{sel.kind!r}): {why}"
@@ -112,6 +114,16 @@ def check_draws(run: SamplerContext) -> None:
     check = _DRAWS[run.rollout.group_sampling][1]
     if check is not None:
         check(run)
+
+
+def _first_set(key: str, value: Any, default: Any) -> tuple[str, Any]:
+    """The key and value to name for an option set away from its default: a nested
+    section's first field that differs (``curriculum.min_groups``), else the option."""
+    if isinstance(value, BaseModel) and isinstance(default, BaseModel):
+        for name in type(value).model_fields:
+            if getattr(value, name) != getattr(default, name):
+                return f"{key}.{name}", getattr(value, name)
+    return key, value
 
 
 def _shown(value: Any) -> str:

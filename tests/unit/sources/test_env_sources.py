@@ -76,6 +76,32 @@ def test_an_invalid_move_loses_the_game_and_is_not_a_failure():
     assert out.error is None and [t.reward for t in out.trajectories] == [-1.0]
 
 
+@pytest.mark.parametrize("penalty", [0.0, 0.5])
+def test_an_invalid_move_that_ends_the_game_costs_the_penalty_on_top(penalty: float):
+    tok = build_char_tokenizer()
+    src = build_task_source("textarena", **KUHN, invalid_move_penalty=penalty)
+    item = next(src.train_iter(0))
+    out = asyncio.run(_episode(tok, max_total_tokens=2000)(ScriptedEngine(tok, ["?"] * 8), item, 0))
+    # seat 1 opens; its second invalid move ends the game; seat 0 never moved
+    (t,) = out.trajectories
+    assert t.metadata["seat"] == 1 and t.reward == -1.0 - penalty
+    with pytest.raises(Exception, match="invalid_move_penalty must be >= 0"):
+        build_task_source("textarena", **KUHN, invalid_move_penalty=-1)
+
+
+def test_a_random_teachers_demonstrations_are_random():
+    """Each demonstration's teacher draws from its own item's generator: a random teacher
+    does not play one fixed move per situation (it did with one seed for every game)."""
+    tok = build_char_tokenizer()
+    src = build_task_source("textarena", **KUHN, demonstration="random")
+    episode = _episode(tok, max_total_tokens=2000)
+    items = [it for _, it in zip(range(24), src.train_iter(0), strict=False)]
+    demos = [episode.replay(it).metadata for it in items]
+    openings = [d["messages"][1]["content"] for d in demos if d["seat"] == 1]  # seat 1 opens
+    assert len(openings) >= 6 and set(openings) == {"[check]", "[bet]"}
+    assert [episode.replay(it).metadata for it in items] == demos  # each item's is fixed
+
+
 def test_tictactoe_plays_against_a_random_opponent():
     tok = build_char_tokenizer()
     src = build_task_source(
