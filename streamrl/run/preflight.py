@@ -228,6 +228,12 @@ def check_world_size(cfg: Config) -> None:
             f"{source_of(cfg).where(('train', 'world_size'))}: train.world_size={n} shards "
             "a language model's trainer, not an environment policy's; set train.world_size=1"
         )
+    if n > 1 and cfg.runtime.backend == "ray" and cfg.train.placement != "ray":
+        raise PreflightError(
+            f"{source_of(cfg).where(('train', 'placement'))}: runtime.backend=ray runs the "
+            f"trainer in a Ray actor, so its {n} ranks are Ray actors too: set "
+            "train.placement=ray"
+        )
     if n > 1 and cfg.train.compile:
         raise PreflightError(
             f"{source_of(cfg).where(('train', 'compile'))}: train.compile is not supported "

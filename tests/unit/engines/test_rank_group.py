@@ -127,6 +127,9 @@ def test_a_policy_run_with_several_ranks_is_refused_in_one_line(model):
     compiled = load_config(None, ["train.world_size=2", "train.compile=true"])
     with pytest.raises(PreflightError, match=r"train.compile is not supported by the sharded"):
         check_world_size(compiled)
+    on_ray = load_config(None, ["train.world_size=2", "runtime.backend=ray"])
+    with pytest.raises(PreflightError, match=r"ranks are Ray actors too: set train.placement=ray"):
+        check_world_size(on_ray)
 
 
 def test_restarts_are_counted_and_bounded(tmp_path, capsys):
