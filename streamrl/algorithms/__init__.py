@@ -16,6 +16,8 @@ that use them.
   gigpo) and ``role_conditioned.py`` (rae: a baseline per game and role, for self-play).
 - ``offline.py`` (bc, iql, td3_bc on logged and online transitions) with its pure
   losses in ``offline_losses.py``.
+- ``interleaved_sft.py``: demonstrations mixed into any policy-gradient algorithm's RL
+  steps (``algorithm.interleaved_sft``), a wrapper ``build_algorithm`` applies.
 - ``stages/``: the pre-RL stages (SFT, DPO, A-LoL) behind one ``Stage`` protocol.
 """
 
@@ -23,6 +25,7 @@ from streamrl.algorithms import actor_critic as actor_critic  # registers ppo, a
 from streamrl.algorithms import advantages as advantages
 from streamrl.algorithms import alol as alol  # registers the alol policy loss
 from streamrl.algorithms import distill as distill  # registers distill
+from streamrl.algorithms import interleaved_sft as interleaved_sft  # wraps (share > 0)
 from streamrl.algorithms import losses as losses
 from streamrl.algorithms import offline as offline  # registers bc, iql, td3_bc
 from streamrl.algorithms import role_conditioned as role_conditioned  # registers rae

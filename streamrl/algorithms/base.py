@@ -136,10 +136,23 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return _ALGORITHMS[DEFAULT]
 
 
+_WRAPPERS: list[Callable[[Algorithm], Algorithm]] = []
+
+
+def register_wrapper(wrap: Callable[[Algorithm], Algorithm]) -> Callable[[Algorithm], Algorithm]:
+    """``wrap(algorithm)`` -> the algorithm, or one wrapping it (a mechanism that works with
+    any algorithm, switched on by its own key of the section: interleaved SFT)."""
+    _WRAPPERS.append(wrap)
+    return wrap
+
+
 def build_algorithm(cfg: AlgorithmConfig, run: RunContext) -> Algorithm:
     """The run's algorithm object from its section and the run around it (validates:
-    names, group sizes, ...)."""
-    return algorithm_class(cfg.name)(cfg, run)
+    names, group sizes, ...), wrapped by every registered wrapper."""
+    algo = algorithm_class(cfg.name)(cfg, run)
+    for wrap in _WRAPPERS:
+        algo = wrap(algo)
+    return algo
 
 
 def pad_id(tokenizer: Any) -> int:

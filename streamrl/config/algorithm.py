@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 
 from streamrl.config.base import Section
 from streamrl.config.distill import DistillConfig
+from streamrl.config.hints import InterleavedSFTConfig
 
 if TYPE_CHECKING:
     from streamrl.config.schema import Config
@@ -241,6 +242,7 @@ class AlgorithmConfig(Section):
     turn: TurnConfig = Field(default_factory=TurnConfig)
     rae: RAEConfig = Field(default_factory=RAEConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
+    interleaved_sft: InterleavedSFTConfig = Field(default_factory=InterleavedSFTConfig)
 
     @field_validator("name")
     @classmethod

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from streamrl.config.base import Section
 from streamrl.config.curriculum import BudgetsConfig, CurriculumConfig
+from streamrl.config.hints import HintsConfig
 
 
 class SelectionConfig(Section):
@@ -107,3 +108,8 @@ class SelectionConfig(Section):
     )
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
+    hints: HintsConfig = Field(
+        default_factory=HintsConfig,
+        description="kind=hints: hints (a prefix of the reference solution) for prompts "
+        "whose groups come out all wrong, shortened as the policy improves on them.",
+    )

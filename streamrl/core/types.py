@@ -20,6 +20,11 @@ from streamrl.core.transitions import Transitions, segment_transitions
 #: sample's advantage: set by whoever issued the item (a group sampler), read by
 #: the policy-gradient update and the step metrics
 WEIGHT_KEY = "selection_weight"
+#: an item's (and its samples') metadata key for a hint (``selection.kind: hints``): a dict
+#: with the hint's ``fraction`` of the reference solution, its ``mode`` and, once a rollout
+#: worker rendered it, its ``text`` and ``tokens``; ``prefix_ids`` in prefix mode, the
+#: tokens the episode forces at the start of the completion (masked from the loss)
+HINT_KEY = "hint"
 
 
 @dataclass
@@ -182,6 +187,8 @@ class Batch:
                                             (decoupled objective), when enabled
     values, returns:   (N, T) float | None  a learned critic's values before the update
                                             and its targets (PPO with GAE)
+    demonstration:     (N,)   bool | None   rows that are demonstrations, trained by
+                                            likelihood (interleaved SFT), not by RL
 
     Position t of every per-token tensor describes token ``input_ids[:, t]``; the
     train engine shifts logits so that logprobs[:, t] = log p(input_ids[:, t] | < t).
@@ -199,6 +206,7 @@ class Batch:
     proximal_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    demonstration: torch.Tensor | None = None
 
     @property
     def size(self) -> int:

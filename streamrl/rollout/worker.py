@@ -40,7 +40,7 @@ from streamrl.core.messages import (
     Stop,
     VersionReport,
 )
-from streamrl.core.types import WEIGHT_KEY, Item, Trajectory
+from streamrl.core.types import HINT_KEY, WEIGHT_KEY, Item, Trajectory
 from streamrl.rollout.episodes import Episode, PromptTooLong, Trajectories, episode_output
 from streamrl.rollout.reports import failed_report
 from streamrl.rollout.rewards.registry import CompositeReward
@@ -223,9 +223,10 @@ async def _rollout(
     rest = [t for o in outputs[group_size:] for t in o.trajectories]
     trajectories: list[Trajectory] = samples + rest
     await add_group_rewards(reward, item, trajectories)
-    # a mixture's domain and correct reward, for per-domain metrics; the sample's weight
+    # a mixture's domain and correct reward, for per-domain metrics; the sample's weight;
+    # its hint
     for t in trajectories:
-        for key in ("domain", "correct_reward", WEIGHT_KEY):
+        for key in ("domain", "correct_reward", WEIGHT_KEY, HINT_KEY):
             if key in item.metadata:
                 t.metadata.setdefault(key, item.metadata[key])
     metrics = episode_metrics(trajectories, outputs)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from streamrl.algorithms.interleaved_sft import rl_rows
 from streamrl.analysis.evaluate import is_correct
 from streamrl.core.sample import Sample
 from streamrl.core.types import Batch
+from streamrl.rollout.selection.hints import hint_metrics
 from streamrl.sources import item_correct_reward, item_domain
 from streamrl.stream.pools import Pool
 from streamrl.stream.sample_stream import Group, SampleStream, carried_metrics, staleness_metrics
@@ -86,6 +88,7 @@ class StepMetrics:
     ) -> dict[str, float]:
         """The metrics of RL step ``step`` (1-based: the weight version it produced)."""
         trajectories = [t for g in groups for t in g.trajectories]
+        batch = rl_rows(batch)  # (interleaved demonstrations are not the policy's samples)
         self.waited += timings.get("time/wait_batch", 0.0)
         elapsed = max(time.time() - self.t_start, 1e-9)
         m: dict[str, Any] = dict(train_metrics)
@@ -163,6 +166,7 @@ class StepMetrics:
         m["tokens_per_s"] = self.tokens / elapsed
         m["samples_per_s"] = stream.stats.consumed * self.group_size / elapsed
         m.update(component_metrics(trajectories, self.correct_reward))
+        m.update(hint_metrics(trajectories, batch.advantages))
         if bool(batch.loss_mask.any()):  # the sampled tokens' surprise: an entropy estimate
             m["rollout/neg_logprob"] = float(-batch.behavior_logprobs[batch.loss_mask].mean())
         return m

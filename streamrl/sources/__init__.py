@@ -16,8 +16,9 @@ mixture        :class:`MixtureTaskSource`                   sources: [{name, kin
 minari         :class:`MinariTaskSource`                    dataset_id, batch_transitions, ...
 textarena      :class:`TextArenaTaskSource`                 env_id, seats, eval_opponents, ...
 verifiers      :class:`VerifiersTaskSource`                 load, args, demonstration, ...
-openenv        :class:`OpenEnvTaskSource`                   load, action, action_field, ...
+openenv        :class:`OpenEnvTaskSource`                   load or url, action_field, ...
 pettingzoo     :class:`PettingZooTaskSource`                env_id, policies, agent_id, ...
+code           :class:`CodeTaskSource`                      difficulty, families, tests, ...
 ============== ============================================ ==========================
 
 The file schema is documented in :mod:`streamrl.sources.files`; domains (a mixture's
@@ -33,6 +34,7 @@ from typing import Any
 from streamrl.config.options import OptionsError, validate_options
 from streamrl.sources.arithmetic import ArithmeticTaskSource
 from streamrl.sources.base import DataError, FiniteTaskSource, TaskSource
+from streamrl.sources.code_tasks import CodeTaskSource
 from streamrl.sources.files import DatasetsTaskSource, JsonlTaskSource, ParquetTaskSource
 from streamrl.sources.gym import GymTaskSource
 from streamrl.sources.longtail import LongTailTaskSource
@@ -48,6 +50,7 @@ from streamrl.sources.verifiers import VerifiersTaskSource
 __all__ = [
     "DATA_OPTIONS",
     "ArithmeticTaskSource",
+    "CodeTaskSource",
     "DataError",
     "DatasetsTaskSource",
     "FiniteTaskSource",
@@ -90,6 +93,7 @@ _KINDS: dict[str, Callable[..., TaskSource]] = {
     "verifiers": VerifiersTaskSource,
     "openenv": OpenEnvTaskSource,
     "pettingzoo": PettingZooTaskSource,
+    "code": CodeTaskSource,
 }
 
 

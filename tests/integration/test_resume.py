@@ -231,6 +231,35 @@ def test_eta0_kill_and_resume_leaves_bit_identical_weights(
 
 
 @pytest.mark.slow
+def test_eta0_kill_and_resume_with_hints_and_interleaved_sft_leaves_bit_identical_weights(
+    tmp_path: Path,
+) -> None:
+    """The hint schedule (pending outcomes, revisit queue, hint lengths) and the
+    demonstration buffer (its prompts, rates, remainder and random generator) survive a
+    SIGKILL: the resumed run hints, revisits and mixes in what the uninterrupted run did."""
+    args = (
+        "stream.max_staleness=0",
+        "selection.kind=hints",
+        "algorithm.interleaved_sft.share=0.25",
+    )
+    _full_and_killed(tmp_path, args, "hints")
+    a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    summary = _check_books(tmp_path / "killed", 16, 4, eta=0)
+    full_summary = json.loads((tmp_path / "full" / "summary.json").read_text())
+    for key in ("stream/issued", "hints/hinted", "hints/revisits", "hints/shortened"):
+        assert summary[key] == full_summary[key], key
+    assert summary["hints/hinted"] > 0
+    rows = [
+        [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+        for n in ("full", "killed")
+    ]
+    demos = [[r.get("sft/demo_units") for r in runs] for runs in rows]
+    assert demos[0] == demos[1] and any(demos[0][1:])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("acceptance", ["skip", "importance"])
 def test_eta0_kill_and_resume_with_the_likelihood_gate_decides_the_same(
     tmp_path: Path, acceptance: str

@@ -306,14 +306,9 @@ class AgentEpisode:
     ) -> Trajectory:
         """Score ``answer`` and assemble the episode's trajectory and metadata."""
         scored = await self.reward.ascore(answer, item)
-        metadata = {
-            "completion": answer,
-            "messages": messages,
-            "finish_reason": finish,
-            "reward_components": scored.components,
-            "reward_errors": scored.errors,
-            "metrics": m,
-        }
+        metadata = scored.record(
+            {"completion": answer, "messages": messages, "finish_reason": finish, "metrics": m}
+        )
         return Trajectory(
             input_ids=torch.tensor(tokens.ids, dtype=torch.long),
             loss_mask=torch.tensor(tokens.mask),

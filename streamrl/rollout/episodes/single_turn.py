@@ -1,4 +1,8 @@
-"""Single-turn episode: one prompt, one completion, a verifiable reward."""
+"""Single-turn episode: one prompt, one completion, a verifiable reward.
+
+A hinted item (``selection.kind: hints``, prefix mode) has its hint forced at the start of
+the completion: the reward scores hint + generated text; the hint's tokens are sent as
+part of the prompt, so the trajectory masks them from the loss (no log-prob credit)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import torch
 
 from streamrl.core.engine import InferenceEngine
 from streamrl.core.types import (
+    HINT_KEY,
     GenerationRequest,
     GenerationResult,
     Item,
@@ -34,6 +39,12 @@ def trajectory_from_result(
         item_index=item_index,
         metadata=metadata,
     )
+
+
+def forced_prefix(item: Item) -> list[int]:
+    """The tokens a hint forces at the start of ``item``'s completion (none without one):
+    they are sent with the prompt, so they are masked from the loss and carry no log-prob."""
+    return list((item.metadata.get(HINT_KEY) or {}).get("prefix_ids", ()))
 
 
 def item_params(params: SamplingParams, item: Item, greedy: bool) -> SamplingParams:
@@ -70,18 +81,16 @@ class SingleTurnEpisode:
         greedy: bool = False,
     ) -> Trajectory | None:
         params = item_params(self.sampling, item, greedy)
-        prompt_ids = self.prompt_ids(item)
+        prefix = forced_prefix(item)
+        prompt_ids = self.prompt_ids(item) + prefix
         request = GenerationRequest(prompt_ids, params, seed)
         result = await engine.agenerate(request)
         check_room(item, prompt_ids, result)
-        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(prefix + result.token_ids, skip_special_tokens=True)
         scored = await self.reward.ascore(text, item)
-        metadata = {
-            "completion": text,
-            "finish_reason": result.finish_reason,
-            "reward_components": scored.components,
-            "reward_errors": scored.errors,
-        }
+        metadata = scored.record({"completion": text, "finish_reason": result.finish_reason})
+        if prefix:
+            metadata["hint_tokens"] = len(prefix)
         total = scored.total if scored.total is not None else 0.0
         return trajectory_from_result(result, total, item.index, metadata)
 

@@ -32,7 +32,7 @@ from streamrl.rollout.rewards.functions import (
     reasoning_gym,
 )
 from streamrl.rollout.rewards.group import Completions, majority_vote
-from streamrl.rollout.rewards.guard import GuardError, Outcome, RewardGuard, describe_error
+from streamrl.rollout.rewards.guard import GuardError, Outcome, RewardGuard, Scored, describe_error
 from streamrl.rollout.rewards.llm_judge import load_judge, parse_judgement
 from streamrl.rollout.rewards.registry import (
     CompositeReward,
@@ -59,6 +59,7 @@ __all__ = [
     "RewardFn",
     "RewardGuard",
     "RewardResult",
+    "Scored",
     "build_group_reward",
     "build_reward",
     "describe_error",

@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pebble
@@ -37,13 +37,30 @@ import pebble
 _MEMORY_EXIT = 87  # exit code of a process worker after a MemoryError in a reward
 
 
+@dataclass(frozen=True)
+class Scored:
+    """A reward's value with what it found out along the way (a reward may return this
+    instead of a float): ``report``, JSON data kept in the sample's
+    ``metadata["reward_reports"][<component>]``, and ``metrics``, numbers each answer
+    adds to the step's metrics (their mean per episode)."""
+
+    value: float
+    report: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
 @dataclass
 class Outcome:
     """The result of one guarded call: ``value`` (a finite float, or for a group reward
-    a list of them) or ``error`` (text)."""
+    a list of them) or ``error`` (text); ``scored`` when the reward returned a
+    :class:`Scored`."""
 
     value: Any
     error: str | None = None
+    scored: Scored | None = None
 
     @property
     def ok(self) -> bool:
@@ -78,6 +95,9 @@ def _as_values(value: Any) -> Outcome:
 
 
 def _to_outcome(value: Any) -> Outcome:
+    if isinstance(value, Scored):
+        outcome = _to_outcome(value.value)
+        return Outcome(outcome.value, outcome.error, value if outcome.ok else None)
     if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
         return Outcome(None, f"TypeError: reward returned {type(value).__name__}, expected a float")
     ok = math.isfinite(number := float(value))

@@ -42,6 +42,7 @@ from streamrl.rollout.rewards import (
     llm_judge,
     reward_model,
     rubric,
+    unit_tests,
 )
 from streamrl.rollout.rewards.group import group_reward, is_group_reward, run_group
 from streamrl.rollout.rewards.guard import Outcome, RewardGuard
@@ -61,6 +62,7 @@ _REWARDS: dict[str, Callable[..., float]] = {
     "reasoning_gym": functions.reasoning_gym,
     "reward_model": reward_model.reward_model,
     "llm_judge": llm_judge.llm_judge,
+    "unit_tests": unit_tests.unit_tests,  # the code's tests in the sandbox: see unit_tests.py
     **group.GROUP_REWARDS,  # fn(completions, item) -> list[float]: see group.py
     **arena.ARENA_REWARDS,  # a judge compares answers two at a time: see arena.py
     **rubric.RUBRIC_REWARDS,  # a judge scores each criterion of the item's rubric
@@ -108,6 +110,7 @@ _SETUPS: dict[str, Setup] = {
     "pairwise_judge": arena.setup,
     "tournament_judge": arena.setup,
     "rubric_judge": rubric.setup,
+    "unit_tests": unit_tests.setup,
 }
 
 
@@ -198,7 +201,9 @@ class RewardResult:
     ``total`` is the weighted sum of the components, or None when any component
     failed (``errors`` then maps its name to the error text, and its component value
     is None). With ``on_error="zero"`` a failed component counts as 0 in ``total``
-    and is still listed in ``errors``.
+    and is still listed in ``errors``. A component that returned a
+    :class:`~streamrl.rollout.rewards.guard.Scored` leaves its ``report`` (in ``reports``,
+    by component) and ``metrics`` (summed) here.
     """
 
     total: float | None
@@ -206,6 +211,8 @@ class RewardResult:
     errors: dict[str, str] = field(default_factory=dict)
     # a group component's named numbers for this answer (group.Scores), by component
     details: dict[str, dict[str, float]] = field(default_factory=dict)
+    reports: dict[str, Any] = field(default_factory=dict, repr=False)
+    metrics: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -223,7 +230,24 @@ class RewardResult:
             {**self.components, **other.components},
             {**self.errors, **other.errors},
             {**self.details, **other.details},
+            {**self.reports, **other.reports},
+            _summed(self.metrics, other.metrics),
         )
+
+    def record(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """``metadata`` (an episode's) with this result in it: ``reward_components``,
+        ``reward_errors``, and where components left them ``reward_reports`` and their
+        ``metrics`` (added to the episode's own)."""
+        metadata["reward_components"], metadata["reward_errors"] = self.components, self.errors
+        if self.reports:
+            metadata["reward_reports"] = self.reports
+        if self.metrics:
+            metadata["metrics"] = _summed(metadata.get("metrics") or {}, self.metrics)
+        return metadata
+
+
+def _summed(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {**a, **b}}
 
 
 Component = (
@@ -378,10 +402,13 @@ class CompositeReward:
     def _combine(self, outcomes: dict[str, Outcome]) -> RewardResult:
         components = {name: o.value for name, o in outcomes.items()}
         errors = {name: o.error for name, o in outcomes.items() if o.error is not None}
+        scored = [(n, o.scored) for n, o in outcomes.items() if o.scored is not None]
+        reports = {n: s.report for n, s in scored if s.report}
+        metrics = functools.reduce(_summed, (s.metrics for _, s in scored), {})
         if errors and self.on_error == "fail":
-            return RewardResult(None, components, errors)
+            return RewardResult(None, components, errors, reports=reports, metrics=metrics)
         total = sum((self.weights[n] * (v or 0.0) for n, v in components.items()), 0.0)
-        return RewardResult(total, components, errors)
+        return RewardResult(total, components, errors, reports=reports, metrics=metrics)
 
     def _per_answer(self, outcomes: dict[str, Outcome], n: int) -> list[RewardResult]:
         """Group outcomes (lists of ``n`` values, or errors) as one result per answer, with
