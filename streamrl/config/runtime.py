@@ -76,6 +76,7 @@ class RuntimeConfig(Section):
     max_trainer_restarts: int = Field(
         2,
         ge=0,
-        description="runtime.backend=ray: times a dead trainer actor is restarted from "
-        "the latest checkpoint before the run fails with an error naming the cause.",
+        description="Times the trainer is restarted from the latest checkpoint (a dead "
+        "Ray trainer actor; a dead or hung rank of a train.world_size > 1 group) before the "
+        "run fails with an error naming the cause.",
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from streamrl.config.base import LRSchedule, Section
@@ -48,3 +50,21 @@ class TrainConfig(Section):
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    placement: Literal["local", "ray"] = Field(
+        "local",
+        description="Where ranks 1..N-1 run (train.world_size > 1): 'local' spawns them as "
+        "processes on this machine (rank 0 is the run's own trainer); 'ray' runs every rank "
+        "as a Ray actor in one placement group (the controller in rank 0's actor).",
+    )
+    ray_strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        "STRICT_PACK",
+        description="train.placement=ray: the placement group's strategy for the ranks "
+        "(STRICT_PACK: one node; SPREAD: across nodes where it can).",
+    )
+    collective_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="train.world_size > 1: a rendezvous or collective that waits longer fails, "
+        "and the rank group restarts from the latest checkpoint (a hung rank is never a "
+        "silent hang); up to runtime.max_trainer_restarts times.",
+    )

@@ -10,10 +10,12 @@ parameter's path runs one way: from the run, down to the component.
 from __future__ import annotations
 
 from streamrl.config import Config, RunContext
+from streamrl.engines.train.group import GroupSpec
 from streamrl.models.policies import names_a_policy
 from streamrl.rollout.episodes import EpisodeSpec
 from streamrl.rollout.selection import SamplerContext
 from streamrl.rollout.spec import RolloutSpec
+from streamrl.stream.backends.placement import plan_placement
 
 
 def episode_spec(cfg: Config) -> EpisodeSpec:
@@ -50,3 +52,18 @@ def policy_run(cfg: Config) -> bool:
     """Whether the run trains an environment policy (a gym episode, or a policy preset or
     saved policy as the model), not a language model."""
     return cfg.rollout.episode == "gym" or names_a_policy(cfg.model.name_or_path)
+
+
+def group_spec(cfg: Config, device: str = "cpu") -> GroupSpec:
+    """The trainer's rank group (``train.world_size`` and its placement keys); each rank
+    gets an equal share of the trainer's threads."""
+    t = cfg.train
+    threads = plan_placement(cfg.runtime).trainer_threads
+    return GroupSpec(
+        world_size=t.world_size,
+        placement=t.placement,
+        ray_strategy=t.ray_strategy,
+        collective_timeout_s=t.collective_timeout_s,
+        device=device,
+        threads=max(1, threads // t.world_size),
+    )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,6 +41,9 @@ class Evaluator:
     ) -> None:
         self.cfg, self.model, self.tokenizer, self.episode = cfg, model, tokenizer, episode
         self.heldout, self.device, self.log = heldout, device, log
+        # where the model's current weights come from when the trainer's are elsewhere
+        # (a sharded trainer): loaded into ``model`` before each evaluation
+        self.weights: Callable[[], dict[str, torch.Tensor]] | None = None
 
     def __call__(self, tag: str, *, sampled: bool = True) -> dict[str, float]:
         """``eval/accuracy`` on the held-out items, and ``eval/accuracy/<domain>``; for an
@@ -67,6 +71,8 @@ class Evaluator:
     def evaluate_heldout(self, *, greedy: bool) -> EvalResult:
         """The held-out items through the evaluation episode: one greedy sample each, or
         ``eval.samples`` samples at the rollout temperature."""
+        if self.weights is not None:
+            self.model.load_state_dict(self.weights(), strict=False)
         return evaluate_model(
             self.model,
             self.tokenizer,

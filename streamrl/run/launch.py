@@ -22,8 +22,12 @@ import yaml
 from streamrl.analysis.runs import flatten
 from streamrl.config import Config, ConfigError, config_to_dict, load_config
 from streamrl.core.atomic import write_text
+from streamrl.engines.train.group.program import Lead
+from streamrl.engines.train.group.rendezvous import join, leave
+from streamrl.run.group_run import run_ranked
 from streamrl.run.lock import run_lock
 from streamrl.run.progress import Progress as ConsoleProgress
+from streamrl.run.ranks import Ranks, TrainerFailed
 from streamrl.run.resume import completed_summary
 from streamrl.run.session import Progress, RunResult, run_training
 from streamrl.run.signals import GracefulStop, Interrupted
@@ -33,6 +37,10 @@ from streamrl.stream.backends import plan_placement
 #: keys a resume may change: where and how the run executes, never what it computes
 CHANGEABLE_ON_RESUME = (
     "runtime.",
+    "train.world_size",  # the update is the same on any number of ranks (DCP reshards)
+    "train.placement",
+    "train.ray_strategy",
+    "train.collective_timeout_s",
     "run.progress",
     "run.checkpoint_every",
     "run.keep_checkpoints",
@@ -40,10 +48,6 @@ CHANGEABLE_ON_RESUME = (
     "rollout.max_consecutive_failures",
     "algorithm.max_dropped_in_a_row",
 )
-
-
-class TrainerFailed(RuntimeError):
-    """The trainer died more often than ``runtime.max_trainer_restarts`` allows."""
 
 
 def check_saved_config(path: Path) -> None:
@@ -90,9 +94,9 @@ def resume_config(run_dir: str | Path, overrides: list[str]) -> Config:
         key, (was, now) = next(iter(changed.items()))
         raise ConfigError(
             f"--resume {run_dir}: {key} cannot change on resume (was {was!r}, given {now!r}): "
-            "it would break the run; only runtime.*, run.progress, run.checkpoint_every, "
-            "run.keep_checkpoints, eval.every, rollout.max_consecutive_failures and "
-            "algorithm.max_dropped_in_a_row may"
+            "it would break the run; only runtime.*, train.world_size and its placement keys, "
+            "run.progress, run.checkpoint_every, run.keep_checkpoints, eval.every, "
+            "rollout.max_consecutive_failures and algorithm.max_dropped_in_a_row may"
         )
     return cfg
 
@@ -107,13 +111,20 @@ def train(
     """Run ``cfg`` (``resume_dir``: continue that run); with ``runtime.backend=ray`` the
     loop runs in a Ray actor."""
     run_dir = Path(resume_dir) if resume_dir is not None else None
-    if cfg.runtime.backend == "ray":
+    if cfg.runtime.backend == "ray" or _ray_group(cfg):
         placement = plan_placement(cfg.runtime)
         cpus = 1 if placement.colocated else placement.trainer_threads
         workers = 0 if placement.colocated else placement.worker_threads
         slots = cpus + workers * len(placement.worker_cpus)  # what the actors will ask for
         return run_on_ray(cfg, cpus, run_dir, stop or GracefulStop(), slots=slots)
+    if cfg.train.world_size > 1:
+        return run_ranked(cfg, progress, run_dir, stop)
     return run_training(cfg, progress, run_dir=run_dir, resume=run_dir is not None, stop=stop)
+
+
+def _ray_group(cfg: Config) -> bool:
+    """The trainer's ranks are Ray actors (and the controller runs in rank 0's)."""
+    return cfg.train.world_size > 1 and cfg.train.placement == "ray"
 
 
 class _TrainerActor:
@@ -129,18 +140,39 @@ class _TrainerActor:
     def request_stop(self, signum: int) -> None:
         self.stop.request(signum)
 
-    def run(self, cfg: Config, run_dir: str, resume: bool) -> tuple[str, dict]:
+    def rendezvous(self) -> tuple[str, int, str, int]:
+        """Rank 0 of a rank group: where the others join it (:mod:`streamrl.run.ray_group`)."""
+        from streamrl.run.ray_group import rendezvous_point
+
+        return rendezvous_point()
+
+    def run(
+        self, cfg: Config, run_dir: str, resume: bool, group: tuple | None = None
+    ) -> tuple[str, dict]:
+        """The run; ``group``: (spec, address, port, restarts so far) when this actor is
+        rank 0 of a rank group."""
         write_text(Path(run_dir) / "trainer.pid", str(os.getpid()))
-        # progress lines go to this actor's stderr, which Ray forwards to the driver;
-        # the driver holds the run directory's lock
-        result = run_training(
-            cfg,
-            ConsoleProgress(False),
-            run_dir=Path(run_dir),
-            resume=resume,
-            stop=self.stop,
-            lock=False,
-        )
+        ranks = None
+        if group is not None:
+            spec, addr, port, restarts = group
+            join(spec, 0, addr, port)
+            ranks = Ranks(Lead(spec), restarts)
+        try:
+            # progress lines go to this actor's stderr, which Ray forwards to the driver;
+            # the driver holds the run directory's lock
+            result = run_training(
+                cfg,
+                ConsoleProgress(False),
+                run_dir=Path(run_dir),
+                resume=resume,
+                stop=self.stop,
+                lock=False,
+                ranks=ranks,
+            )
+            if ranks is not None and ranks.lead is not None:
+                ranks.lead.release()
+        finally:
+            leave()
         return str(result.run_dir), result.summary
 
 
@@ -174,6 +206,10 @@ def run_on_ray(
             name = cfg.run.name or default_run_name(cfg.seed)
             run_dir = make_run_dir(cfg.run.output_dir, name)
             held.enter_context(run_lock(run_dir))
+        if _ray_group(cfg):
+            from streamrl.run.ray_group import drive_group
+
+            return drive_group(ray, cfg, _TrainerActor, run_dir.resolve(), resume, stop)
         return _drive_actors(ray, cfg, trainer_cpus, run_dir.resolve(), resume, stop)
 
 

@@ -220,6 +220,27 @@ def check_train_compile(cfg: Config) -> None:
         )
 
 
+def check_world_size(cfg: Config) -> None:
+    """``train.world_size > 1`` shards a language model's trainer (docs/distributed.md)."""
+    n = cfg.train.world_size
+    if n > 1 and policy_run(cfg):
+        raise PreflightError(
+            f"{source_of(cfg).where(('train', 'world_size'))}: train.world_size={n} shards "
+            "a language model's trainer, not an environment policy's; set train.world_size=1"
+        )
+    if n > 1 and cfg.runtime.backend == "ray" and cfg.train.placement != "ray":
+        raise PreflightError(
+            f"{source_of(cfg).where(('train', 'placement'))}: runtime.backend=ray runs the "
+            f"trainer in a Ray actor, so its {n} ranks are Ray actors too: set "
+            "train.placement=ray"
+        )
+    if n > 1 and cfg.train.compile:
+        raise PreflightError(
+            f"{source_of(cfg).where(('train', 'compile'))}: train.compile is not supported "
+            f"by the sharded trainer (train.world_size={n}); set train.compile=false"
+        )
+
+
 def check_engine_compile(cfg: Config) -> None:
     """rollout.compile compiles a CPU language-model engine's decode steps."""
     if not cfg.rollout.compile:
@@ -500,6 +521,7 @@ def preflight(cfg: Config, *, output_dir: bool = True) -> Inputs:
     check_device(cfg.runtime.device)
     check_engine_weights(cfg)
     check_train_compile(cfg)
+    check_world_size(cfg)
     check_lora(cfg)
     check_engine_compile(cfg)
     check_vllm_engine(cfg)

@@ -16,6 +16,7 @@ from streamrl.run.hooks import Hooks, StepHook
 from streamrl.run.hooks.checkpoints import Checkpoints
 from streamrl.run.hooks.evaluation import Evaluation, phase_ends
 from streamrl.run.hooks.graceful_stop import StopOnRequest
+from streamrl.run.hooks.group_restarts import GroupRestarts
 from streamrl.run.hooks.lending import LendCores
 from streamrl.run.hooks.monitors import Monitors
 from streamrl.run.hooks.placement import CorePlacement
@@ -25,6 +26,7 @@ from streamrl.run.hooks.time_budget import TimeBudget
 from streamrl.run.hooks.time_sharing import Sharing, TimeSharing
 from streamrl.run.loop import RLLoop
 from streamrl.run.preflight import Inputs
+from streamrl.run.ranks import RESTARTS, Ranks
 from streamrl.run.stages import start_stage
 from streamrl.run.step_metrics import StepMetrics
 from streamrl.stream.backends.placement import AutoPlacement, Placement, plan_placement
@@ -41,6 +43,7 @@ class RLStage(CheckpointState):
     device: str
     evaluate: Evaluator
     last_step: int
+    ranks: Ranks | None
 
     def rl_stage(self, engine_model: torch.nn.Module, ckpt: Checkpoint | None) -> dict:
         """Asynchronous RL from the start, or from an RL checkpoint; returns the last
@@ -104,6 +107,8 @@ class RLStage(CheckpointState):
             Evaluation(self.evaluate, pool, sharing, cfg.eval.every, steps, ends, summary),
             StopAtEval(pool, cfg.run.stop_at_eval, summary),
         ]
+        if self.ranks is not None:
+            hooks.append(GroupRestarts(RESTARTS, len(self.ranks.restarts)))
         if cfg.monitors.enabled:  # (after evaluation: it reads the step's eval/accuracy)
             weights = self.inputs.reward.weights
             correct = cfg.reward.correct_reward

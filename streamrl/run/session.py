@@ -34,6 +34,8 @@ from streamrl.config import Config
 from streamrl.core.atomic import replacing
 from streamrl.engines.factory import batch_invariant, make_train_engine
 from streamrl.engines.train.engine import TrainEngine
+from streamrl.engines.train.group.build import build_sharded_trainer
+from streamrl.engines.train.group.program import Lead
 from streamrl.models import load_model
 from streamrl.rollout.episodes import build_episode
 from streamrl.run.assembly import episode_spec
@@ -43,6 +45,7 @@ from streamrl.run.hooks.monitors import final_status
 from streamrl.run.hooks.progress import Progress
 from streamrl.run.lock import run_lock
 from streamrl.run.preflight import Inputs, preflight
+from streamrl.run.ranks import Ranks
 from streamrl.run.resume import Found, find_resume, open_run, refinish
 from streamrl.run.rl import RLStage
 from streamrl.run.signals import GracefulStop, Interrupted
@@ -78,10 +81,12 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
+def make_trainer(cfg: Config, model: torch.nn.Module, lead: Lead | None = None) -> Any:
     """Full fine-tuning, or LoRA adapters when ``model.lora_rank > 0``; an environment
     policy gets its own engine (minibatch epochs, no micro-batches). Preflight checked the
-    settings (``train.compile`` and LoRA are a language model's)."""
+    settings (``train.compile`` and LoRA are a language model's). With a rank group's
+    ``lead`` (``train.world_size > 1``): the sharded engine on every rank, and rank 0's
+    proxy of it."""
     kwargs: dict[str, Any] = dict(
         weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.max_grad_norm,
@@ -92,6 +97,8 @@ def make_trainer(cfg: Config, model: torch.nn.Module) -> Any:
     )
     if cfg.train.compile:
         kwargs["compile_layers"] = True
+    if lead is not None:
+        return lead.build(build_sharded_trainer, cfg.model, cfg.seed, kwargs, here={"model": model})
     if cfg.model.lora_rank > 0:
         return TrainEngine.from_lora(
             model,
@@ -111,12 +118,14 @@ def run_training(
     resume: bool = False,
     stop: GracefulStop | None = None,
     lock: bool = True,
+    ranks: Ranks | None = None,
 ) -> RunResult:
     """Train ``cfg`` into a new run directory (``run_dir`` if given), or continue the run
     in ``run_dir`` (``resume=True``: :mod:`streamrl.run.resume` says from where, or that it
     is complete). The directory is locked throughout (``lock=False``: the caller holds
     it, e.g. the Ray driver). A run that fails after its directory exists leaves
-    ``"status": "failed"``."""
+    ``"status": "failed"``. ``ranks``: the trainer's rank group (``train.world_size > 1``)
+    and its restarts so far."""
     threads = torch.get_num_threads()  # restored at the end: a run leaves no global trace
     try:
         with contextlib.ExitStack() as held:
@@ -137,16 +146,16 @@ def run_training(
                 if lock:
                     held.enter_context(run_lock(run_dir))
                 found = Found(run_dir)
-            return _run_training(cfg, inputs, progress, found, stop)
+            return _run_training(cfg, inputs, progress, found, stop, ranks)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run_training(
-    cfg: Config, inputs: Inputs, progress: Progress | None, found: Found, stop
+    cfg: Config, inputs: Inputs, progress: Progress | None, found: Found, stop, ranks
 ) -> RunResult:
     run = open_run(cfg, found)
-    session = Session(cfg, inputs, run, progress, stop or GracefulStop())
+    session = Session(cfg, inputs, run, progress, stop or GracefulStop(), ranks)
     try:
         return session.main(found.ckpt)
     except Interrupted:
@@ -172,8 +181,10 @@ class Session(PreRLStages, RLStage):
         run: RunDirectory,
         progress: Progress | None,
         stop: GracefulStop,
+        ranks: Ranks | None = None,
     ) -> None:
         self.cfg, self.inputs, self.run, self.progress, self.stop = cfg, inputs, run, progress, stop
+        self.ranks = ranks
         self.algo = inputs.algorithm
         self.summary: dict[str, Any] = {"run_dir": str(run.path), "wall_time_s": 0.0}
         self.t0 = time.time()
@@ -195,6 +206,8 @@ class Session(PreRLStages, RLStage):
         seed_everything(cfg.seed)
         if ckpt is not None:
             self.summary = dict(ckpt.state["summary"])
+        if self.ranks is not None:
+            self.ranks.record(self.summary, self.run.log)
         self.summary["sandbox/isolation"] = self.inputs.sandbox  # how model code runs
         self.device = resolve_device(cfg.runtime.device)
         model, self.tokenizer = load_model(
@@ -211,11 +224,16 @@ class Session(PreRLStages, RLStage):
         episode = build_episode(
             spec, self.tokenizer, self.inputs.reward, max_new_tokens=cfg.eval.max_new_tokens
         )
+        engine_model = copy.deepcopy(model).eval()
+        lead = self.ranks.lead if self.ranks is not None else None
+        if lead is not None:  # the trainer's model is sharded: evaluate a full copy
+            self.model = copy.deepcopy(model).eval()
+        self.trainer = make_trainer(cfg, model, lead)
+        weights = self.trainer.state_dict_for_inference if lead is not None else None
         self.evaluate = Evaluator(
             cfg, self.model, self.tokenizer, episode, self.inputs.heldout, self.device, self.run.log
         )
-        engine_model = copy.deepcopy(model).eval()
-        self.trainer = make_trainer(cfg, model)
+        self.evaluate.weights = weights
         return engine_model
 
     def before_rl(self, ckpt: Checkpoint | None) -> None:

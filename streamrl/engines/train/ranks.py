@@ -47,9 +47,9 @@ def _from_wire(engine: Any, value: Any) -> Any:
     return engine.owned[value.name] if isinstance(value, Handle) else value
 
 
-def _broadcast(message: Any = None) -> Any:
+def _broadcast(message: Any = None, group: Any = None) -> Any:
     box = [message]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -61,10 +61,11 @@ def _run(engine: Any, method: str, args: tuple, kwargs: dict) -> Any:
     return getattr(engine, method)(*args, **kwargs)
 
 
-def follow(engine: Any) -> None:
-    """A follower rank's loop: run each call rank 0 broadcasts, until ``stop``."""
+def follow(engine: Any, group: Any = None) -> None:
+    """A follower rank's loop: run each call rank 0 broadcasts, until ``stop``. ``group``:
+    the process group the calls travel on (default: the default group)."""
     while True:
-        method, args, kwargs = _broadcast()
+        method, args, kwargs = _broadcast(None, group)
         if method == STOP:
             return
         _run(engine, method, args, kwargs)
@@ -75,8 +76,9 @@ class RankZero:
     to the followers and then run here; attributes are read from the local engine and
     assignments are sent too (``trainer.micro_batch_sequences = 8``)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, group: Any = None) -> None:
         object.__setattr__(self, "engine", engine)
+        object.__setattr__(self, "group", group)  # the calls' process group (follow's)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.engine, name)
@@ -89,16 +91,16 @@ class RankZero:
                 tuple(_to_wire(a) for a in args),
                 {k: _to_wire(v) for k, v in kwargs.items()},
             )
-            _broadcast(wire)
+            _broadcast(wire, self.group)
             return _run(self.engine, *wire)
 
         return call
 
     def __setattr__(self, name: str, value: Any) -> None:
         wire = (SETATTR, (name, _to_wire(value)), {})
-        _broadcast(wire)
+        _broadcast(wire, self.group)
         _run(self.engine, *wire)
 
     def stop(self) -> None:
         """Release the followers (each returns from :func:`follow`)."""
-        _broadcast((STOP, (), {}))
+        _broadcast((STOP, (), {}), self.group)

@@ -1,0 +1,111 @@
+"""Whole runs with a 2-rank trainer group (train.world_size=2) through the CLI: a rank
+that is SIGKILLed or hangs (SIGSTOP) mid-run makes the group restart from the latest
+checkpoint, in the same run, with every item consumed once and, at eta = 0, the weights
+of the uninterrupted 2-rank run, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.integration.test_resume import _args, _check_books, _latest_step
+from tests.paths import ROOT
+
+STEPS = 8
+GROUP = ("stream.max_staleness=0", f"train.steps={STEPS}", "train.world_size=2")
+
+
+def _train(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli.main", "train", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _rank1_after_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int) -> int:
+    """Rank 1's pid once checkpoint ``step`` is written."""
+    deadline = time.monotonic() + 300
+    while _latest_step(run_dir) < step:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    ranks = dict(line.split() for line in (run_dir / "ranks.pid").read_text().splitlines())
+    return int(ranks["1"])
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("full")
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli.main", "train", *_args(out, "full", *GROUP)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out / "full"
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+def test_a_dead_or_hung_rank_restarts_the_group_from_the_checkpoint_exactly(
+    tmp_path: Path, uninterrupted: Path, fault: str
+) -> None:
+    # SIGSTOP: rank 1 hangs; rank 0's next collective times out after 30 s
+    proc = _train(*_args(tmp_path, "run", *GROUP, "train.collective_timeout_s=30"))
+    run_dir = tmp_path / "run"
+    os.kill(_rank1_after_checkpoint(proc, run_dir, 2), getattr(signal, fault))
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err
+    assert "rank group failed" in err and "(1/2)" in err
+    cause = "rank 1 exited with -9" if fault == "SIGKILL" else "timed out"
+    log = (run_dir / "run.log").read_text()
+    assert "rank group was restarted from the latest checkpoint (1 so far)" in log
+    assert cause in log.lower() or cause in log
+    summary = _check_books(run_dir, STEPS, 4, eta=0)  # every item consumed exactly once
+    assert summary["train/group_restarts"] == 1
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train/group_restarts"] == 1
+    a, b = _weights(uninterrupted), _weights(run_dir)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_weights(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    """The whole process tree (rank 0 and its followers) SIGKILLed, then --resume."""
+    proc = _train(*_args(tmp_path, "run", *GROUP))
+    run_dir = tmp_path / "run"
+    follower = _rank1_after_checkpoint(proc, run_dir, 2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli.main", "train", "--resume", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert not Path(f"/proc/{follower}").exists()  # the killed run left no rank behind
+    summary = _check_books(run_dir, STEPS, 4, eta=0)
+    assert summary["train/group_restarts"] == 0  # a resume, not a group restart
+    a, b = _weights(uninterrupted), _weights(run_dir)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
