@@ -37,7 +37,11 @@ from streamrl.core.transitions import Transitions
 from streamrl.core.types import Item, Segment
 from streamrl.engines.inference.policy import PolicyEngine
 from streamrl.rollout.episodes.base import EpisodeSpec, Trajectories, register_episode
-from streamrl.rollout.episodes.multi_agent import evaluate_agents, split_agents
+from streamrl.rollout.episodes.multi_agent import (
+    evaluate_agents,
+    evaluation_segment,
+    split_agents,
+)
 from streamrl.sources.gym import make_env, make_vector_env
 from streamrl.sources.pettingzoo import KIND as PETTINGZOO
 from streamrl.sources.pettingzoo import ParallelVectorEnv
@@ -186,23 +190,7 @@ class GymEpisode:
                 total, steps, done = total + float(reward), steps + 1, bool(term or trunc)
         finally:
             env.close()
-        empty = torch.zeros(0)
-        return Segment(
-            obs=empty,
-            actions=empty,
-            logprobs=empty,
-            values=empty,
-            rewards=torch.tensor([total]),
-            terminated=empty.bool(),
-            truncated=empty.bool(),
-            final_values=empty,
-            last_obs=empty,
-            last_values=empty,
-            versions=torch.tensor([engine.version]),
-            episode_returns=[total],
-            episode_lengths=[steps],
-            metadata={"reward_components": {"return": total}},
-        )
+        return evaluation_segment(total, steps, engine.version, {"return": total})
 
 
 @register_episode("gym")

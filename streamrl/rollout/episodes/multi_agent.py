@@ -71,6 +71,14 @@ def evaluate_agents(engine: PolicyEngine, item: Item) -> Segment:
     finally:
         env.close()
     total = float(returns.mean())
+    per_agent = {f"return/{a}": float(r) for a, r in zip(agents, returns, strict=True)}
+    return evaluation_segment(total, steps, engine.version, {"return": total, **per_agent})
+
+
+def evaluation_segment(
+    total: float, steps: int, version: int, components: dict[str, float]
+) -> Segment:
+    """An evaluation episode as a segment: its return and length, no transitions."""
     empty = torch.zeros(0)
     return Segment(
         obs=empty,
@@ -83,13 +91,8 @@ def evaluate_agents(engine: PolicyEngine, item: Item) -> Segment:
         final_values=empty,
         last_obs=empty,
         last_values=empty,
-        versions=torch.tensor([engine.version]),
+        versions=torch.tensor([version]),
         episode_returns=[total],
         episode_lengths=[steps],
-        metadata={
-            "reward_components": {
-                "return": total,
-                **{f"return/{a}": float(r) for a, r in zip(agents, returns, strict=True)},
-            }
-        },
+        metadata={"reward_components": components},
     )
