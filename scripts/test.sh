@@ -6,4 +6,4 @@ bash scripts/setup.sh
 . .venv/bin/activate
 ruff check .
 ruff format --check .
-python -m pytest -q -n 2 "$@"  # two workers: the machine CI runs on has 2 cores
+python -m pytest -q -n 2 --dist worksteal "$@"  # two workers (CI has 2 cores); an idle one takes the other's queued tests

@@ -16,8 +16,10 @@ class CurriculumConfig(Section):
     """Move each task's difficulty level with the policy's measured success rate, and
     (a mixture) choose the next task by a bandit over its domains."""
 
-    band: tuple[float, float] = Field(
-        (0.2, 0.8),
+    band: list[float] = Field(
+        default_factory=lambda: [0.2, 0.8],
+        min_length=2,
+        max_length=2,
         description="Target success rate [low, high] of a task's samples at its current level: "
         "above high the level goes up, below low it goes down. [0, 1]: the level never moves.",
     )

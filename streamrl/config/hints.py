@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from streamrl.config.base import Section
 
@@ -71,12 +71,22 @@ class HintsConfig(Section):
         description="mode=prompt: the hinted prompt (the last user message in chat).",
     )
 
-    @model_validator(mode="after")
-    def _formats(self) -> HintsConfig:
-        if "{solution}" not in self.solution_format:
+    @field_validator("solution_format")
+    @classmethod
+    def _solution_format(cls, value: str) -> str:
+        if "{solution}" not in value:
             raise ValueError("solution_format must contain {solution}")
-        if "{hint}" not in self.hint_template or "{prompt}" not in self.hint_template:
+        return value
+
+    @field_validator("hint_template")
+    @classmethod
+    def _hint_template(cls, value: str) -> str:
+        if "{hint}" not in value or "{prompt}" not in value:
             raise ValueError("hint_template must contain {prompt} and {hint}")
+        return value
+
+    @model_validator(mode="after")
+    def _fractions(self) -> HintsConfig:
         if self.initial_fraction > self.max_fraction:
             raise ValueError("initial_fraction must be <= max_fraction")
         return self

@@ -43,7 +43,7 @@ class RLStage(CheckpointState):
     device: str
     evaluate: Evaluator
     last_step: int
-    ranks: Ranks | None
+    ranks: Ranks | None = None  # the trainer's rank group (train.world_size > 1)
 
     def rl_stage(self, engine_model: torch.nn.Module, ckpt: Checkpoint | None) -> dict:
         """Asynchronous RL from the start, or from an RL checkpoint; returns the last

@@ -114,7 +114,9 @@ class CurriculumSampler(GroupSampler):
             n = task.source.levels
             start = min(max(c.start_level if c.start_level >= 0 else n + c.start_level, 0), n - 1)
             self.levels.append(
-                LevelController(n, c.band, c.min_groups, c.backoff, c.max_backoff, level=start)
+                LevelController(
+                    n, tuple(c.band), c.min_groups, c.backoff, c.max_backoff, level=start
+                )
             )
         if c.bandit == "boltzmann":
             weights = [t.weight for t in self.tasks]
