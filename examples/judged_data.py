@@ -3,9 +3,9 @@
 - ``examples/data/judged_train.jsonl`` / ``judged_heldout.jsonl``: 2-digit additions
   (``"12+34="``, answer ``"46"``), each with its rubric (the criterion the judge checks);
 - ``examples/data/verifier.jsonl``: the judge's own training data, every 2-digit addition
-  but the held-out ones: ``"12+34=46?"`` with
-  answer ``yes``, or a near miss (off by 1, 2 or 10, as a noisy demonstration is) with
-  ``no``; half each.
+  but the held-out ones: ``"12+34=46?"`` with answer ``"46 yes"``, or a near miss (off
+  by 1, 2 or 10, as a noisy demonstration is) with ``"46 no"``: the judge writes the sum
+  before its verdict (a bare yes/no stayed at chance); half each.
 
 Seeded: the same files every time. ``python examples/judged_data.py``
 """
@@ -51,11 +51,10 @@ def main() -> None:
     pairs = [(f"{a}+{b}=", a + b) for a in range(10, 100) for b in range(10, 100)]
     for p, s in (x for x in pairs if x[0] not in held):
         if rng.random() < 0.5:
-            verifier.append({"prompt": f"{p}{s}?", "answer": "yes"})
+            verifier.append({"prompt": f"{p}{s}?", "answer": f"{s} yes"})
         else:
-            verifier.append(
-                {"prompt": f"{p}{s + rng.choice([-10, -2, -1, 1, 2, 10])}?", "answer": "no"}
-            )
+            wrong = s + rng.choice([-10, -2, -1, 1, 2, 10])
+            verifier.append({"prompt": f"{p}{wrong}?", "answer": f"{s} no"})
     write(OUT / "verifier.jsonl", verifier)
 
 
