@@ -51,12 +51,21 @@ def root_call(model: torch.nn.Module, fn: Callable[[], Any]) -> Any:
 
 
 def shard_model(
-    model: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy,
+    *,
+    reshard_after_forward: bool = True,
 ) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; gradients are summed over the
-    ranks, not averaged (the engine's loss scale already divides by the global units)."""
+    ranks, not averaged (the engine's loss scale already divides by the global units).
+    ``reshard_after_forward=False`` keeps each layer gathered from its forward to its
+    backward: one all-gather a micro-batch instead of two, for the full parameters held
+    meanwhile (the root keeps its own gathered either way, FSDP's default)."""
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     setattr(model, ROOT_CALL, types.MethodType(_root_call, model))
     register_fsdp_forward_method(model, ROOT_CALL)

@@ -72,6 +72,7 @@ class ShardedTrainEngine(TrainEngine):
         *,
         mp_policy: MixedPrecisionPolicy | None = None,
         accumulate_unsharded: bool = False,
+        reshard_after_forward: bool = True,
         **kwargs: Any,
     ) -> None:
         if not dist.is_initialized():
@@ -88,7 +89,9 @@ class ShardedTrainEngine(TrainEngine):
             if kwargs.pop(unsupported, False):
                 raise ValueError(f"{unsupported} is not supported by the sharded trainer")
         kwargs.update(device=device)
-        model = shard_model(model.to(device), self.mesh, self.mp_policy)
+        model = shard_model(
+            model.to(device), self.mesh, self.mp_policy, reshard_after_forward=reshard_after_forward
+        )
         super().__init__(model, batch_invariant=False, **kwargs)
         if self._sparse_embedding is not None:  # sparse gradients do not shard
             self.model.get_input_embeddings().sparse = False

@@ -23,17 +23,19 @@ pytestmark = pytest.mark.slow  # spawned ranks
 # layout: the tied weight is the root's, gathered by the root's hook)
 MODEL = dict(vocab_size=train.HEAD_ON_TARGETS_MIN_VOCAB, tie_word_embeddings=True)
 
-# (aggregation, micro_batch_sequences, num_minibatches, accumulate_unsharded) on 9 rows (2 prompts x 4, then
-# a row without loss tokens), 5 / 4 a rank: the first packs 3-row micro-batches and
-# leaves rank 1 a micro-batch of the loss-free row alone (a zero-weighted pass); the
-# second takes 3 steps of 3 rows, rank 1 with 1 row and then an empty pass; the third 9
-# steps of one row each: rank 1 never has a row; the fourth accumulates unsharded
-# gradients over rank 0's 3 micro-batches and rank 1's 2 and an empty pass, reduced once
+# (aggregation, micro_batch_sequences, num_minibatches, engine options) on 9 rows (2
+# prompts x 4, then a row without loss tokens), 5 / 4 a rank: the first packs 3-row
+# micro-batches and leaves rank 1 a micro-batch of the loss-free row alone (a
+# zero-weighted pass); the second takes 3 steps of 3 rows, rank 1 with 1 row and then an
+# empty pass; the third 9 steps of one row each: rank 1 never has a row; the fourth
+# accumulates unsharded gradients over rank 0's 3 micro-batches and rank 1's 2 and an
+# empty pass, reduced once; the fifth keeps each layer gathered from forward to backward
 CASES = [
-    ("token_mean", 3, 1, False),
-    ("seq_mean_token_mean", 2, 3, False),
-    ("token_mean", 1, 9, False),
-    ("seq_mean_token_sum_norm", 2, 1, True),
+    ("token_mean", 3, 1, {}),
+    ("seq_mean_token_mean", 2, 3, {}),
+    ("token_mean", 1, 9, {}),
+    ("seq_mean_token_sum_norm", 2, 1, {"accumulate_unsharded": True}),
+    ("token_mean", 2, 2, {"reshard_after_forward": False}),
 ]
 
 
@@ -79,12 +81,9 @@ def _ranks(rank: int) -> dict:
     layouts: list[int] = []
     train.pack = _counting_pack(layouts)
     out = {}
-    for case, (agg, micro, minibatches, accumulate) in enumerate(CASES):
+    for case, (agg, micro, minibatches, options) in enumerate(CASES):
         engine = ShardedTrainEngine(
-            tiny_model(**MODEL),
-            lr=1e-2,
-            micro_batch_sequences=micro,
-            accumulate_unsharded=accumulate,
+            tiny_model(**MODEL), lr=1e-2, micro_batch_sequences=micro, **options
         )
         out[case] = _run(rank, engine, agg, minibatches)
     lora = ShardedTrainEngine.from_lora(tiny_model(**MODEL), r=4, lr=1e-2, micro_batch_sequences=3)
