@@ -38,13 +38,12 @@ def _timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def _bare_all_gather(engine: ShardedTrainEngine, repeats: int) -> list[float]:
-    """Seconds of one gloo all-gather of every parameter (a 1/N flat fp32 buffer a rank,
-    the full model gathered): the floor of what one pass's gathers cost, without FSDP."""
+def _bare_all_gather(rank: int, numel: int, repeats: int) -> list[float]:
+    """Seconds of one gloo all-gather of ``numel`` fp32 values (a 1/N flat buffer a rank):
+    the floor of what one pass's gathers of the whole model cost, without FSDP. In
+    processes of its own (after FSDP's collectives in the same process it aborted)."""
     world = dist.get_world_size()
-    if world == 1:
-        return [float("nan")]  # nothing to gather
-    shard = torch.zeros(-(-sum(p.numel() for p in engine.model.parameters()) // world))
+    shard = torch.zeros(-(-numel // world))
     parts = [torch.empty_like(shard) for _ in range(world)]
     return _timed(lambda: dist.all_gather(parts, shard), repeats)
 
@@ -60,7 +59,6 @@ def _ranks(
     del model
     if rank:
         follow(engine)
-        _bare_all_gather(engine, repeats)
         return None
     trainer, loss_fn = RankZero(engine), make_rl_loss_fn("ppo_clip")
     metrics = trainer.train_batch(batch, loss_fn)  # warm-up
@@ -68,8 +66,8 @@ def _ranks(
     publish = _timed(trainer.state_dict_for_inference, repeats)
     metrics = trainer.memory_metrics()
     trainer.stop()
-    gather = _bare_all_gather(engine, repeats)
-    return {"update": update, "publish": publish, "memory": metrics, "gather": gather}
+    numel = sum(p.numel() for p in engine.model.parameters())
+    return {"update": update, "publish": publish, "memory": metrics, "numel": numel}
 
 
 def _plain(name: str, sequences: int, completion: int, repeats: int, threads: int):
@@ -103,6 +101,7 @@ def main() -> None:
         shape = (args.sequences, args.completion, args.repeats)
         variants = [(1, False), (2, False)] + [(2, True)] * args.keep_gathered
         results = {v: run_ranks(_ranks, v[0], name, *shape, v[1])[0] for v in variants}
+        gather = run_ranks(_bare_all_gather, 2, results[1, False]["numel"], args.repeats)[0]
         plain = {t: _plain(name, *shape, threads=t) for t in (1, 2)}
         base = sum(
             results[1, False]["memory"][f"rank0/{k}"]
@@ -121,7 +120,7 @@ def main() -> None:
                     + (
                         f"{args.sequences / statistics.median(res['update']):.2f} | "
                         f"{statistics.median(res['publish']) * 1e3:.0f} | "
-                        f"{statistics.median(res['gather']) * 1e3:.0f} |"
+                        + (f"{statistics.median(gather) * 1e3:.0f} |" if n == 2 else "|")
                         if r == 0
                         else "| | |"
                     )
