@@ -173,8 +173,16 @@ def _follower_ended(ray: Any, rank: int, ref: Any) -> None:
     try:
         ray.get(ref)
     except ray.exceptions.RayTaskError as e:
-        last = (str(e.as_instanceof_cause()).strip().splitlines() or ["?"])[-1][:300]
-        raise RankGroupFailed(f"rank {rank} failed ({last})") from None
+        raise RankGroupFailed(f"rank {rank} failed ({_raised(e)})") from None
+
+
+def _raised(error: Any) -> str:
+    """What a rank's call raised (its own exception, not Ray's wrapper and traceback)."""
+    original = getattr(error, "cause", None)
+    if not isinstance(original, BaseException):
+        original = error.as_instanceof_cause()
+    first = next((x for x in str(original).splitlines() if x.strip()), "")
+    return f"{type(original).__name__}: {first.strip()[:300]}"
 
 
 class Pings:
@@ -219,6 +227,6 @@ def _why(ray: Any, error: Exception) -> str | None:
     if not isinstance(error, ray.exceptions.RayTaskError):
         return f"a rank's actor died ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     cause = error.as_instanceof_cause()
-    if isinstance(cause, Interrupted):
+    if isinstance(cause, Interrupted) or collective_failure(cause, None) is None:
         return None
-    return collective_failure(cause, None)
+    return f"rank 0's collective failed ({_raised(error)})"
