@@ -16,6 +16,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from benchmarks.bench_train_step import make_batch
 from streamrl.algorithms import make_rl_loss_fn
@@ -37,10 +38,24 @@ def _timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def _ranks(rank: int, name: str, sequences: int, completion: int, repeats: int):
+def _bare_all_gather(rank: int, numel: int, repeats: int) -> list[float]:
+    """Seconds of one gloo all-gather of ``numel`` fp32 values (a 1/N flat buffer a rank):
+    the floor of what one pass's gathers of the whole model cost, without FSDP. In
+    processes of its own (after FSDP's collectives in the same process it aborted)."""
+    world = dist.get_world_size()
+    shard = torch.zeros(-(-numel // world))
+    parts = [torch.empty_like(shard) for _ in range(world)]
+    return _timed(lambda: dist.all_gather(parts, shard), repeats)
+
+
+def _ranks(
+    rank: int, name: str, sequences: int, completion: int, repeats: int, keep_gathered: bool
+):
     model, tokenizer = load_model_and_tokenizer(name)
     batch = make_batch(tokenizer, sequences, completion)
-    engine = ShardedTrainEngine(model, lr=5e-6, micro_batch_sequences=8)
+    engine = ShardedTrainEngine(
+        model, lr=5e-6, micro_batch_sequences=8, reshard_after_forward=not keep_gathered
+    )
     del model
     if rank:
         follow(engine)
@@ -51,7 +66,8 @@ def _ranks(rank: int, name: str, sequences: int, completion: int, repeats: int):
     publish = _timed(trainer.state_dict_for_inference, repeats)
     metrics = trainer.memory_metrics()
     trainer.stop()
-    return {"update": update, "publish": publish, "memory": metrics}
+    numel = sum(p.numel() for p in engine.model.parameters())
+    return {"update": update, "publish": publish, "memory": metrics, "numel": numel}
 
 
 def _plain(name: str, sequences: int, completion: int, repeats: int, threads: int):
@@ -74,29 +90,39 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=16)
     ap.add_argument("--completion", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--keep-gathered",
+        action="store_true",
+        help="also N=2 with each layer kept gathered from forward to backward",
+    )
     args = ap.parse_args()
     rows = []
     for name in args.models:
         shape = (args.sequences, args.completion, args.repeats)
-        results = {n: run_ranks(_ranks, n, name, *shape)[0] for n in (1, 2)}
+        variants = [(1, False), (2, False)] + [(2, True)] * args.keep_gathered
+        results = {v: run_ranks(_ranks, v[0], name, *shape, v[1])[0] for v in variants}
+        gather = run_ranks(_bare_all_gather, 2, results[1, False]["numel"], args.repeats)[0]
         plain = {t: _plain(name, *shape, threads=t) for t in (1, 2)}
         base = sum(
-            results[1]["memory"][f"rank0/{k}"] for k in ("param_bytes", "grad_bytes", "optim_bytes")
+            results[1, False]["memory"][f"rank0/{k}"]
+            for k in ("param_bytes", "grad_bytes", "optim_bytes")
         )
-        for n, res in results.items():
+        for (n, kept), res in results.items():
+            label = f"sharded N={n}" + (", layers kept gathered" if kept else "")
             mem = res["memory"]
             for r in range(n):
                 state = sum(
                     mem[f"rank{r}/{k}"] for k in ("param_bytes", "grad_bytes", "optim_bytes")
                 )
                 rows.append(
-                    f"| {name} | sharded N={n}, rank {r} | {state / MB:.1f} | {state / base:.3f} | "
+                    f"| {name} | {label}, rank {r} | {state / MB:.1f} | {state / base:.3f} | "
                     f"{mem[f'rank{r}/peak_rss_bytes'] / MB:.0f} | "
                     + (
                         f"{args.sequences / statistics.median(res['update']):.2f} | "
-                        f"{statistics.median(res['publish']) * 1e3:.0f} |"
+                        f"{statistics.median(res['publish']) * 1e3:.0f} | "
+                        + (f"{statistics.median(gather) * 1e3:.0f} |" if n == 2 else "|")
                         if r == 0
-                        else "| |"
+                        else "| | |"
                     )
                 )
         for threads, (update, publish, mem) in plain.items():
@@ -105,13 +131,13 @@ def main() -> None:
                 f"| {name} | unsharded TrainEngine, {threads} threads | {state / MB:.1f} | "
                 f"{state / base:.3f} | {peak_rss_bytes() / MB:.0f} (bench process) | "
                 f"{args.sequences / statistics.median(update):.2f} | "
-                f"{statistics.median(publish) * 1e3:.0f} |"
+                f"{statistics.median(publish) * 1e3:.0f} | |"
             )
     print(
         f"\n{args.sequences} sequences, completions up to {args.completion} tokens, "
         f"median of {args.repeats}\n"
         "| model | trainer | train state MB (rank) | vs sharded N=1 | peak RSS MB | "
-        "samples/s | publish ms |\n|---|---|---|---|---|---|---|"
+        "samples/s | publish ms | bare all-gather ms |\n|---|---|---|---|---|---|---|---|"
     )
     print("\n".join(rows))
 

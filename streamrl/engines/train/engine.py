@@ -327,35 +327,18 @@ class TrainEngine(Optimized):
         """:meth:`_forward`'s work, on positions already padded when batch-invariant."""
         parts = _decoder_and_head(model) if self.head_on_targets else None
         if parts is not None:
-            decoder, head = parts
-            layout = None
-            if self.packed and not with_values:
-                width = decoder.config.hidden_size
-                layout = pack(
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.loss_mask,
-                    width,
-                    batch_invariant=self.batch_invariant,
-                )
-            if layout is not None:
-                hidden = packed_hidden(decoder, layout, *mb.input_ids.shape)
-            else:
-                hidden = decoder(
-                    input_ids=mb.input_ids,
-                    attention_mask=mb.attention_mask.long(),
-                    use_cache=False,
-                ).last_hidden_state
-            logp, entropy = target_logprobs_and_entropy(
-                hidden,
-                head,
-                mb.input_ids,
-                mb.loss_mask,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                batch_invariant=self.batch_invariant,
+            result = self._through_root(
+                model,
+                lambda: self._split_forward(
+                    *parts,
+                    mb,
+                    with_entropy=with_entropy,
+                    entropy_grad=entropy_grad,
+                    packed=self.packed and not with_values,
+                ),
             )
-            return self._with_values({"logprobs": logp, "entropy": entropy}, hidden, with_values)
+            hidden = result.pop("hidden")
+            return self._with_values(result, hidden, with_values)
         out = model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask.long(),
@@ -367,6 +350,51 @@ class TrainEngine(Optimized):
         )
         hidden = out.hidden_states[-1] if with_values else None
         return self._with_values({"logprobs": logp, "entropy": entropy}, hidden, with_values)
+
+    def _through_root(self, model: torch.nn.Module, fn: Any) -> dict[str, torch.Tensor]:
+        """``fn()``: a forward that calls ``model``'s decoder and head itself. A sharded
+        engine runs it inside the root module's forward hooks (its gather and release)."""
+        return fn()
+
+    def _split_forward(
+        self,
+        decoder: torch.nn.Module,
+        head: torch.nn.Module,
+        mb: Batch,
+        *,
+        with_entropy: bool,
+        entropy_grad: bool,
+        packed: bool,
+    ) -> dict[str, torch.Tensor]:
+        """The decoder (packed when ``packed`` and it saves enough), then the head on the
+        loss tokens only: {"logprobs", "entropy", "hidden": the last hidden states}."""
+        layout = None
+        if packed:
+            layout = pack(
+                mb.input_ids,
+                mb.attention_mask,
+                mb.loss_mask,
+                decoder.config.hidden_size,
+                batch_invariant=self.batch_invariant,
+            )
+        if layout is not None:
+            hidden = packed_hidden(decoder, layout, *mb.input_ids.shape)
+        else:
+            hidden = decoder(
+                input_ids=mb.input_ids,
+                attention_mask=mb.attention_mask.long(),
+                use_cache=False,
+            ).last_hidden_state
+        logp, entropy = target_logprobs_and_entropy(
+            hidden,
+            head,
+            mb.input_ids,
+            mb.loss_mask,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            batch_invariant=self.batch_invariant,
+        )
+        return {"logprobs": logp, "entropy": entropy, "hidden": hidden}
 
     def _with_values(
         self, result: dict[str, Any], hidden: torch.Tensor | None, with_values: bool

@@ -3,9 +3,18 @@ and this rank's shards."""
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 
@@ -23,14 +32,43 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
 
 
+# The root's method that runs a callable as one of its forwards (see ``shard_model``).
+ROOT_CALL = "streamrl_root_call"
+
+
+def _root_call(self: torch.nn.Module, fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def root_call(model: torch.nn.Module, fn: Callable[[], Any]) -> Any:
+    """``fn()`` as a forward of the sharded root ``model``: FSDP's pre-forward hook
+    gathers the root's own parameters (embeddings, final norm, head) before it, the
+    post-forward hook releases them (when the root reshards) and hooks the outputs for
+    the backward's gathers and gradient reduce-scatter. For a forward that calls the
+    decoder and the head itself instead of ``model(...)`` (the head on the loss tokens,
+    packed rows)."""
+    return getattr(model, ROOT_CALL)(fn)
+
+
 def shard_model(
-    model: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy,
+    *,
+    reshard_after_forward: bool = True,
 ) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; gradients are summed over the
-    ranks, not averaged (the engine's loss scale already divides by the global units)."""
+    ranks, not averaged (the engine's loss scale already divides by the global units).
+    ``reshard_after_forward=False`` keeps each layer gathered from its forward to its
+    backward: one all-gather a micro-batch instead of two, for the full parameters held
+    meanwhile (the root keeps its own gathered either way, FSDP's default)."""
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    setattr(model, ROOT_CALL, types.MethodType(_root_call, model))
+    register_fsdp_forward_method(model, ROOT_CALL)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

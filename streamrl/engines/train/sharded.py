@@ -25,8 +25,11 @@ divide factor is 1), which gives sum_k S_k / U: the one-piece gradient. Every ra
 the same number of forwards and backwards (FSDP's collectives pair up): a rank with
 fewer rows, or a micro-batch without loss tokens, runs a zero-weighted pass.
 
-The forward runs the whole model (no head-on-loss-tokens, no packing): those call the
-decoder and the head separately, which would step around the root's all-gather.
+The forward is :class:`TrainEngine`'s: rows packed (a group's prompt once), the
+vocabulary head on the loss tokens only. It calls the decoder and the head itself, so it
+runs through the root's registered forward method (:func:`~.fsdp.root_call`), whose FSDP
+hooks gather the root's own parameters (embeddings, norm, tied head) around it and hook
+its outputs for the backward.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from streamrl.core.types import Batch
 from streamrl.engines.train.dcp import DCP_FORMAT, full_state, load_full, load_sharded, save_sharded
 from streamrl.engines.train.engine import TrainEngine, _to_device, _trimmed_length, slice_batch
 from streamrl.engines.train.frozen import sharded_frozen_copy
-from streamrl.engines.train.fsdp import default_mixed_precision, reshard, shard_model
+from streamrl.engines.train.fsdp import default_mixed_precision, reshard, root_call, shard_model
 from streamrl.engines.train.memory import training_state_bytes
 from streamrl.engines.train.publish import gathered_state_dict, merge_lora_state
 from streamrl.engines.train.ranks import RankZero, follow, rank_rows
@@ -68,6 +71,8 @@ class ShardedTrainEngine(TrainEngine):
         model: torch.nn.Module,
         *,
         mp_policy: MixedPrecisionPolicy | None = None,
+        accumulate_unsharded: bool = False,
+        reshard_after_forward: bool = True,
         **kwargs: Any,
     ) -> None:
         if not dist.is_initialized():
@@ -76,11 +81,17 @@ class ShardedTrainEngine(TrainEngine):
         device = _device_for_backend()
         self.mesh = init_device_mesh(device.type, (self.world_size,))
         self.mp_policy = mp_policy or default_mixed_precision(device)
+        # accumulate a minibatch's gradients unsharded, reduce-scattered once at its last
+        # micro-batch: 1 reduce-scatter a step instead of one a micro-batch, for a full
+        # (unsharded) gradient held while accumulating
+        self.accumulate_unsharded = accumulate_unsharded
         for unsupported in ("batch_invariant", "compile_layers"):  # see docs/distributed.md
             if kwargs.pop(unsupported, False):
                 raise ValueError(f"{unsupported} is not supported by the sharded trainer")
-        kwargs.update(device=device, head_on_targets=False, packed=False, fused=False)
-        model = shard_model(model.to(device), self.mesh, self.mp_policy)
+        kwargs.update(device=device)
+        model = shard_model(
+            model.to(device), self.mesh, self.mp_policy, reshard_after_forward=reshard_after_forward
+        )
         super().__init__(model, batch_invariant=False, **kwargs)
         if self._sparse_embedding is not None:  # sparse gradients do not shard
             self.model.get_input_embeddings().sparse = False
@@ -111,6 +122,9 @@ class ShardedTrainEngine(TrainEngine):
     # ----------------------------------------------------------------------------------
     # Forward passes over this rank's rows
     # ----------------------------------------------------------------------------------
+
+    def _through_root(self, model: torch.nn.Module, fn: Any) -> dict[str, torch.Tensor]:
+        return root_call(model, fn)  # the split forward inside the root's FSDP hooks
 
     def _my_rows(self, n: int) -> torch.Tensor:
         return rank_rows(n, self.rank, self.world_size)
@@ -201,7 +215,9 @@ class ShardedTrainEngine(TrainEngine):
             return None  # the same on every rank: they all hold the whole batch
         sums: dict[str, float] = defaultdict(float)
         units_of: dict[str, float] = defaultdict(float)
-        for mb in self._rank_micro_batches(mini):
+        passes = self._rank_micro_batches(mini)  # as many on every rank
+        for i, mb in enumerate(passes):
+            self._gradient_sync(i == len(passes) - 1)
             units = 0 if mb is None else loss_fn.loss_weight(mb)
             if mb is None:
                 mb = slice_batch(mini, slice(0, 1), _trimmed_length(mini.attention_mask[:1]))
@@ -229,6 +245,14 @@ class ShardedTrainEngine(TrainEngine):
         stats = _reduced_metrics(sums, units_of, self.world_size)
         stats["grad_norm"] = float(grad_norm)
         return stats
+
+    def _gradient_sync(self, last: bool) -> None:
+        """Reduce-scatter this micro-batch's gradients: always, or only at the last one
+        of the minibatch with ``accumulate_unsharded``."""
+        if self.accumulate_unsharded:
+            for model in (self.model, self.value_head):
+                if model is not None:
+                    model.set_requires_gradient_sync(last)
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
