@@ -30,7 +30,9 @@ consumed and dropped groups are read from its ledger; it is counted as unfinishe
     PYTHONPATH=. python benchmarks/bench_curriculum.py \
         --tasks leg_counting basic_arithmetic chain_sum --seeds 0 1 2 --seconds 900
 
-``--arms`` picks the arms (all three by default).
+``--arms`` picks the arms (all three by default); ``--set`` adds config overrides to every
+arm (e.g. an SFT warm start on the task's reference answers: ``sft.steps=20
+sft.corrupt_fraction=0``).
 
 The reduced check: ``--tasks leg_counting --seeds 0 --seconds 150 --grace 240 --heldout 32``.
 Writes the runs under ``--out`` and the table to stdout (and ``--table``).
@@ -89,6 +91,7 @@ def run_one(task: str, seed: int, arm: str, args: argparse.Namespace) -> dict:
         "run.tensorboard=false",
         "run.save_weights=false",
         *(SFT_OVERRIDES if arm == "curriculum+sft" else ()),
+        *args.set,
     ]
     run_dir = Path(args.out) / name
     if run_dir.exists():  # (streamrl would write to <name>-1: the summary read is this one)
@@ -198,6 +201,7 @@ def main() -> None:
         "is stopped: a run whose every group is dropped never ends a step",
     )
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides for every arm")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_curriculum"))
     ap.add_argument("--table", type=Path, default=None)
     args = ap.parse_args()
