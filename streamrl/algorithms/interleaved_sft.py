@@ -215,9 +215,8 @@ class DemoBuffer:
                 continue
             t = g.samples[0]
             n = prompt_length(t)
-            completion = reference_ids(
-                tokenizer, self.cfg.solution_format.format(solution=g.answer)
-            )
+            text = self.cfg.solution_format.replace("{solution}", g.answer)  # other braces kept
+            completion = reference_ids(tokenizer, text)
             ids = torch.cat([t.input_ids[:n], torch.tensor(completion, dtype=torch.long)])
             mask = torch.arange(ids.shape[0]) >= n
             self.keep(prompt_key(t.input_ids, n), ids, mask)

@@ -208,7 +208,7 @@ def test_an_all_wrong_group_gives_its_reference_answer_as_a_demonstration(monkey
     _char_ids(monkeypatch)
     algo = _algo(
         "algorithm.interleaved_sft.source=reference",
-        "algorithm.interleaved_sft.solution_format=<{solution}>",
+        'algorithm.interleaved_sft.solution_format="{<{solution}>}"',  # braces kept
         "algorithm.interleaved_sft.share=0.5",
     )
     assert algo.wants_dropped
@@ -230,8 +230,8 @@ def test_an_all_wrong_group_gives_its_reference_answer_as_a_demonstration(monkey
         n = int((ids != 0).sum())  # right-padded with 0; the tokens here are never 0
         got[tuple(ids[:n].tolist())] = mask[:n].tolist()
     assert got == {
-        (5, 5, ord("<"), ord("1"), ord("2"), ord(">"), 1): [False] * 2 + [True] * 5,
-        (7, 7, ord("<"), ord("x"), ord(">"), 1): [False] * 2 + [True] * 4,
+        (5, 5, *(ord(c) for c in "{<12>}"), 1): [False] * 2 + [True] * 7,
+        (7, 7, *(ord(c) for c in "{<x>}"), 1): [False] * 2 + [True] * 6,
     }
     # each used once: the next batch has no demonstrations left
     again = algo.prepare(_groups(1, {1: 1}), None, StageTimer())
