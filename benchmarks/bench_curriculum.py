@@ -31,7 +31,7 @@ consumed and dropped groups are read from its ledger; it is counted as unfinishe
         --tasks chain_sum basic_arithmetic leg_counting --seeds 0 1 2 \
         --arms grpo curriculum+sft --seconds 60 --grace 300 --heldout 100 \
         --set sft.steps=12 sft.examples_per_step=16 sft.lr=1e-4 sft.warmup_steps=0 \
-              sft.corrupt_fraction=0 sft.eval_every=0
+              sft.corrupt_fraction=0 sft.eval_every=0 algorithm.max_dropped_in_a_row=64
 
 SmolLM2-135M scores 0 on these tasks at every level (it answers in sentences), so no
 arm takes an RL step without the SFT warm start (``--set``); ``--grace`` must cover the
