@@ -2,21 +2,25 @@
 placement group (``train.ray_strategy``); rank 0 is the trainer actor, which runs the
 controller and publishes the weights; ranks 1..N-1 serve it
 (:func:`~streamrl.engines.train.group.program.serve_rank`). The rendezvous address is
-rank 0's node. A rank's death (its actor gone) or a failed collective tears every actor
-and the placement group down, and the group starts again from the latest checkpoint, up
-to ``runtime.max_trainer_restarts`` times (:mod:`streamrl.run.ranks`)."""
+rank 0's node. Any rank's failure tears every actor and the placement group down, and
+the group starts again from the latest checkpoint, up to ``runtime.max_trainer_restarts``
+times (:mod:`streamrl.run.ranks`). A failure is: a rank's actor died (rank 0 included),
+a follower's program raised, rank 0's collective failed, or a rank left a ping
+unanswered for ``train.collective_timeout_s`` (hung, e.g. SIGSTOPped: a hung rank 0
+between two commands fails no collective)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config
 from streamrl.core.atomic import write_text
 from streamrl.engines.train.group.rendezvous import free_port, join, leave
-from streamrl.engines.train.group.spec import GroupSpec
+from streamrl.engines.train.group.spec import GroupSpec, RankGroupFailed
 from streamrl.run.assembly import group_spec
 from streamrl.run.group_run import restart
 from streamrl.run.ranks import RESTARTS, collective_failure
@@ -37,6 +41,10 @@ class RankActor:
 
     def address(self) -> tuple[str, str, int]:
         return node_address()
+
+    def ready(self) -> bool:
+        """The ping (answered while ``serve`` runs: the actor takes two calls at a time)."""
+        return True
 
     def serve(self, spec: GroupSpec, rank: int, addr: str, port: int) -> None:
         import torch
@@ -74,7 +82,7 @@ class GroupActors:
         ]
         res = {"num_cpus": spec.threads, "num_gpus": gpus, "max_restarts": 0}
         trainer = ray.remote(**res, max_concurrency=2)(trainer_cls)
-        follower = ray.remote(**res)(RankActor)
+        follower = ray.remote(**res, max_concurrency=2)(RankActor)
         self.actors = [trainer.options(**placed[0]).remote()] + [
             follower.options(**p).remote() for p in placed[1:]
         ]
@@ -129,7 +137,7 @@ def drive_group(
                 out_dir, summary = _await(ray, group, ref, stop)
                 summary[RESTARTS] = summary["trainer_restarts"] = len(restarts)
                 return RunResult(run_dir=Path(out_dir), summary=summary, trainer=None)
-            except _rank_errors(ray) as e:
+            except (*_rank_errors(ray), RankGroupFailed) as e:
                 why = _why(ray, e)
                 if why is None:
                     cause = e.as_instanceof_cause()
@@ -143,17 +151,66 @@ def drive_group(
 
 
 def _await(ray: Any, group: GroupActors, ref: Any, stop: GracefulStop) -> tuple[str, dict]:
-    """Rank 0's result; a follower's failure (its actor died) raises at once."""
+    """Rank 0's result; any rank's failure raises at once (:class:`RankGroupFailed`, or
+    Ray's error for a dead actor)."""
     waiting, forwarded = [ref, *group.serving], False
+    pings = Pings(ray, group.actors, group.spec.collective_timeout_s)
     while True:
         done, waiting = ray.wait(waiting, num_returns=1, timeout=0.5)
         for finished in done:
-            result = ray.get(finished)  # raises if that rank failed
             if finished is ref:
-                return result
+                return ray.get(ref)  # raises if rank 0 failed
+            _follower_ended(ray, group.serving.index(finished) + 1, finished)
+        pings.check()
         if stop.requested and not forwarded:
             group.actors[0].request_stop.remote(stop.signum)
             forwarded = True
+
+
+def _follower_ended(ray: Any, rank: int, ref: Any) -> None:
+    """A follower's program ended: fine if it returned (rank 0 released it); if it raised,
+    whatever the error, the group failed (its actor's death raises Ray's own error)."""
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        raise RankGroupFailed(f"rank {rank} failed ({_raised(e)})") from None
+
+
+def _raised(error: Any) -> str:
+    """What a rank's call raised (its own exception, not Ray's wrapper and traceback)."""
+    original = getattr(error, "cause", None)
+    if not isinstance(original, BaseException):
+        original = error.as_instanceof_cause()
+    first = next((x for x in str(original).splitlines() if x.strip()), "")
+    return f"{type(original).__name__}: {first.strip()[:300]}"
+
+
+class Pings:
+    """Every rank answers a ping (its actor's ``ready``) within ``timeout_s``, or it is
+    hung: a stopped rank 0 waiting for nothing fails no collective. A round of pings
+    goes out every ``timeout_s / 4`` (at most every 10 s) once the previous one is in."""
+
+    def __init__(self, ray: Any, actors: list[Any], timeout_s: float) -> None:
+        self.ray, self.actors, self.timeout_s = ray, actors, timeout_s
+        self.every_s = min(10.0, timeout_s / 4)
+        self.refs: list[Any] = []
+        self.sent = time.monotonic()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if not self.refs:
+            if now - self.sent >= self.every_s:
+                self.refs, self.sent = [a.ready.remote() for a in self.actors], now
+            return
+        _, pending = self.ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        if not pending:
+            self.refs = []
+        elif now - self.sent > self.timeout_s:
+            hung = [r for r, ref in enumerate(self.refs) if ref in pending]
+            raise RankGroupFailed(
+                f"rank(s) {hung} answered no ping for {self.timeout_s:.0f}s "
+                "(train.collective_timeout_s): hung"
+            )
 
 
 def _rank_errors(ray: Any) -> tuple[type[Exception], ...]:
@@ -165,9 +222,11 @@ def _rank_errors(ray: Any) -> tuple[type[Exception], ...]:
 
 def _why(ray: Any, error: Exception) -> str | None:
     """Why the group must restart (None: the run's own error, raised as it is)."""
+    if isinstance(error, RankGroupFailed):
+        return str(error)
     if not isinstance(error, ray.exceptions.RayTaskError):
         return f"a rank's actor died ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     cause = error.as_instanceof_cause()
-    if isinstance(cause, Interrupted):
+    if isinstance(cause, Interrupted) or collective_failure(cause, None) is None:
         return None
-    return collective_failure(cause, None)
+    return f"rank 0's collective failed ({_raised(error)})"

@@ -1,7 +1,7 @@
 """train.placement=ray on a real 2-node Ray cluster simulated on this machine (loopback):
 the two ranks are actors on different nodes (STRICT_SPREAD), the run goes through the CLI,
-and a SIGKILLed rank 1 makes the group restart from the checkpoint with every item
-consumed once."""
+and a rank that is SIGKILLed or hangs (SIGSTOP), rank 1 or rank 0 (the controller), makes
+the group restart from the checkpoint with every item consumed once."""
 
 from __future__ import annotations
 
@@ -40,8 +40,26 @@ def two_nodes(monkeypatch):
         cluster.shutdown()
 
 
-def test_ranks_on_two_nodes_survive_a_killed_rank(tmp_path: Path, two_nodes) -> None:
+# how each fault may be told (None: any way; a killed rank's actor dies, and its peer's
+# collective fails at once too): a hung rank 1 times rank 0's next collective out or
+# leaves its ping unanswered; a hung rank 0 (the controller, which publishes the weights)
+# leaves its ping unanswered (between two commands it fails no collective) or times rank
+# 1's collective out
+FAULTS = {
+    (1, "SIGKILL"): None,
+    (1, "SIGSTOP"): ("timed out", "answered no ping"),
+    (0, "SIGKILL"): None,
+    (0, "SIGSTOP"): ("answered no ping", "rank 1 failed"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rank", "fault"), list(FAULTS), ids=lambda x: str(x))
+def test_ranks_on_two_nodes_survive_a_dead_or_hung_rank(
+    tmp_path: Path, two_nodes, rank: int, fault: str
+) -> None:
     run_dir = tmp_path / "ray"
+    timeout_s = 60 if fault == "SIGKILL" else 30
     args = _args(
         tmp_path,
         "ray",
@@ -50,7 +68,7 @@ def test_ranks_on_two_nodes_survive_a_killed_rank(tmp_path: Path, two_nodes) -> 
         "train.world_size=2",
         "train.placement=ray",
         "train.ray_strategy=STRICT_SPREAD",
-        "train.collective_timeout_s=60",
+        f"train.collective_timeout_s={timeout_s}",
         f"runtime.ray_address={two_nodes.address}",
     )
     proc = subprocess.Popen(
@@ -69,10 +87,40 @@ def test_ranks_on_two_nodes_survive_a_killed_rank(tmp_path: Path, two_nodes) -> 
     where = json.loads((run_dir / "ranks.json").read_text())
     assert where["address"] == "127.0.0.1"
     assert len(set(where["nodes"])) == 2  # rank 0 and rank 1 on different nodes
-    os.kill(where["pids"][1], signal.SIGKILL)
+    victim = where["pids"][rank]
+    os.kill(victim, getattr(signal, fault))
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err
-    assert "rank group failed" in err
+    assert "rank group failed" in err and "(1/2)" in err
+    causes = FAULTS[rank, fault]
+    assert causes is None or any(cause in err.lower() for cause in causes), err
     summary = _check_books(run_dir, STEPS, 4, eta=0)  # every item consumed exactly once
     assert summary["train/group_restarts"] == 1
-    assert len(set(json.loads((run_dir / "ranks.json").read_text())["nodes"])) == 2
+    again = json.loads((run_dir / "ranks.json").read_text())
+    assert len(set(again["nodes"])) == 2 and victim not in again["pids"]
+    if fault == "SIGSTOP":  # the hung rank was killed with its group, not left behind
+        assert _gone(victim), f"the hung rank {victim} outlived its group"
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie left to its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+@pytest.mark.slow
+def test_an_unset_ray_address_starts_its_own_instance_beside_a_cluster(two_nodes) -> None:
+    """runtime.ray_address unset: a fresh local instance (one node), never the cluster
+    another run started on this machine (Ray's own default would join the latest one)."""
+    code = (
+        "import ray; from streamrl.stream.backends.ray_actors import init_ray; "
+        "init_ray(None); print(len(ray.nodes()), ray.get_runtime_context().gcs_address)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    nodes, address = out.stdout.split()[-2:]
+    assert nodes == "1" and address != two_nodes.address

@@ -222,7 +222,9 @@ def init_ray(address: str | None, min_cpus: float = 0) -> None:
     if address is None:
         kwargs["num_cpus"] = max(4, os.cpu_count() or 1, math.ceil(min_cpus))
     try:
-        ray.init(address=address, **kwargs)
+        # "local": a fresh instance even when another Ray cluster runs on this machine
+        # (ray.init(address=None) would join the latest one, found under /tmp/ray)
+        ray.init(address="local" if address is None else address, **kwargs)
     except (ConnectionError, RuntimeError, TimeoutError) as e:
         raise ConnectionError(
             f"could not join the Ray cluster at runtime.ray_address={address!r}: {e}"
