@@ -8,7 +8,11 @@ configured) before and after:
 
 * ``grpo``: ``selection.kind=none``, the training items the task as configured (today);
 * ``curriculum``: ``selection.kind=curriculum`` with budgets, starting at level 0 of the
-  task's reasoning-gym curriculum.
+  task's reasoning-gym curriculum;
+* ``curriculum+sft``: the curriculum, and SFT interleaved with RL on the reference answers
+  of the prompts whose groups came out all wrong (``algorithm.interleaved_sft.source:
+  reference``, ReLIFT; ``SFT_OVERRIDES``). (Hints cannot join the curriculum: both are a
+  ``selection.kind``.)
 
 The arms of a seed run back to back, their order alternating with the seed, so load
 drift on the machine falls on both. Each run is its own process (``streamrl train``).
@@ -24,7 +28,19 @@ before any, has its before-accuracy as after (its weights never changed), and it
 consumed and dropped groups are read from its ledger; it is counted as unfinished.
 
     PYTHONPATH=. python benchmarks/bench_curriculum.py \
-        --tasks leg_counting basic_arithmetic chain_sum --seeds 0 1 2 --seconds 900
+        --tasks chain_sum basic_arithmetic leg_counting --seeds 0 1 2 \
+        --arms grpo curriculum+sft --seconds 60 --grace 300 --heldout 100 \
+        --set sft.steps=12 sft.examples_per_step=16 sft.lr=1e-4 sft.warmup_steps=0 \
+              sft.corrupt_fraction=0 sft.eval_every=0 algorithm.max_dropped_in_a_row=64
+
+SmolLM2-135M scores 0 on these tasks at every level (it answers in sentences), so no
+arm takes an RL step without the SFT warm start (``--set``); ``--grace`` must cover the
+model load, the warm start and both evaluations
+(``benchmarks/results/curriculum.md``).
+
+``--arms`` picks the arms (all three by default); ``--set`` adds config overrides to every
+arm (e.g. an SFT warm start on the task's reference answers: ``sft.steps=20
+sft.corrupt_fraction=0``).
 
 The reduced check: ``--tasks leg_counting --seeds 0 --seconds 150 --grace 240 --heldout 32``.
 Writes the runs under ``--out`` and the table to stdout (and ``--table``).
@@ -45,13 +61,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "curriculum.yaml"
-ARMS = ("grpo", "curriculum")
+ARMS = ("grpo", "curriculum", "curriculum+sft")
+SFT_OVERRIDES = (
+    "algorithm.interleaved_sft.share=0.25",
+    "algorithm.interleaved_sft.source=reference",
+    "algorithm.interleaved_sft.weight=1.0",
+)
 
 
 def arm_config(arm: str, out: Path) -> Path:
-    """The example as is (``curriculum``), or without its ``selection`` section (``grpo``:
-    every item the task as configured, each group rollout.group_size samples)."""
-    if arm == "curriculum":
+    """The example as is (``curriculum``; ``curriculum+sft`` adds ``SFT_OVERRIDES``), or
+    without its ``selection`` section (``grpo``: every item the task as configured, each
+    group rollout.group_size samples)."""
+    if arm != "grpo":
         return CONFIG
     config = yaml.safe_load(CONFIG.read_text())
     del config["selection"]
@@ -63,7 +85,7 @@ def arm_config(arm: str, out: Path) -> Path:
 
 def run_one(task: str, seed: int, arm: str, args: argparse.Namespace) -> dict:
     """One run's summary (``status`` 'failed' and the error's last line if it stopped)."""
-    name = f"{task}-{arm}-s{seed}"
+    name = f"{task}-{arm.replace('+', '-')}-s{seed}"
     overrides = [
         f"seed={seed}",
         f"data.options.task={task}",
@@ -76,6 +98,8 @@ def run_one(task: str, seed: int, arm: str, args: argparse.Namespace) -> dict:
         "run.progress=false",
         "run.tensorboard=false",
         "run.save_weights=false",
+        *(SFT_OVERRIDES if arm == "curriculum+sft" else ()),
+        *args.set,
     ]
     run_dir = Path(args.out) / name
     if run_dir.exists():  # (streamrl would write to <name>-1: the summary read is this one)
@@ -184,14 +208,17 @@ def main() -> None:
         help="seconds a run may take beyond --seconds (model load, evaluations) before it "
         "is stopped: a run whose every group is dropped never ends a step",
     )
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides for every arm")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench_curriculum"))
     ap.add_argument("--table", type=Path, default=None)
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    results: dict[tuple[str, str], list[dict]] = {(t, a): [] for t in args.tasks for a in ARMS}
+    arms = args.arms
+    results: dict[tuple[str, str], list[dict]] = {(t, a): [] for t in args.tasks for a in arms}
     for task in args.tasks:
         for seed in args.seeds:
-            order = list(ARMS) if seed % 2 == 0 else list(reversed(ARMS))
+            order = list(arms) if seed % 2 == 0 else list(reversed(arms))
             for arm in order:
                 s = run_one(task, seed, arm, args)
                 results[(task, arm)].append(s)

@@ -36,6 +36,7 @@ from streamrl.core.loss import LossFn
 from streamrl.core.sample import Sample
 
 if TYPE_CHECKING:
+    from streamrl.core.messages import DroppedGroup
     from streamrl.stream.sample_stream import Group
 
 
@@ -70,6 +71,8 @@ class Algorithm:
 
     #: rollouts each item needs beyond ``rollout.group_size`` samples
     extra_rollouts: ClassVar[tuple[ExtraRollout, ...]] = ()
+    #: whether the groups ``finish_group`` drops come back to ``observe_dropped``
+    wants_dropped: ClassVar[bool] = False
 
     def __init__(self, cfg: AlgorithmConfig, run: RunContext) -> None:
         self.cfg, self.run = cfg, run
@@ -83,6 +86,10 @@ class Algorithm:
         return samples
 
     # ------------------------------------------------------------ trainer side
+
+    def observe_dropped(self, groups: list[DroppedGroup]) -> None:
+        """The groups dropped since the last batch, by item index, before ``prepare``
+        (only where ``wants_dropped``)."""
 
     def setup(self, trainer: Any, tokenizer: Any) -> None:
         """Build the models the algorithm owns beyond the policy (after SFT)."""

@@ -23,15 +23,25 @@ Demonstrations (``source``):
   tokens trained, so the policy learns the whole solution without the hint (in the
   prompt mode the demonstration keeps the hinted prompt). Each is used once.
 - ``file``: JSONL rows (``prompt`` or ``messages``, and ``answer``), reused.
+- ``reference`` (ReLIFT): a prompt whose group came out all wrong (dropped by dynamic
+  sampling) gets its item's reference answer, rendered with ``solution_format``, as its
+  demonstration: the sample's prompt tokens (masked; a forced hint prefix not included),
+  then the answer and EOS (trained). The latest per prompt, ``buffer_size`` prompts kept,
+  each used once. An item without a reference answer gets none (counted:
+  ``no_reference`` in the checkpoint, a warning in the log the first time).
 
 Which: the prompts with the lowest success rate of their unhinted samples first, ties in
-a random order. The buffer, the per-prompt rates, the carried remainder and the random
-generator are in the algorithm's checkpoint, so a resume continues bit-exactly.
+a random order. The rates count every scored sample, the dropped groups' too (the rollout
+pool hands them back, ``Algorithm.wants_dropped``): a prompt that is always wrong ranks
+first even though none of its groups reaches a batch. The buffer, the per-prompt rates,
+the carried remainder and the random generator are in the algorithm's checkpoint (the
+dropped groups not yet handed back in the pool's), so a resume continues bit-exactly.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
@@ -44,10 +54,13 @@ from streamrl.algorithms.losses import RLLoss, aggregate, loss_weight
 from streamrl.algorithms.stages.base import demonstration
 from streamrl.config.hints import InterleavedSFTConfig
 from streamrl.core.loss import LossFn
+from streamrl.core.messages import DroppedGroup
 from streamrl.core.sample import Sample
 from streamrl.core.types import HINT_KEY, Batch, Trajectory
+from streamrl.models import reference_ids
 from streamrl.sources.files import JsonlTaskSource
 
+log = logging.getLogger(__name__)
 _PAD = {"input_ids": None, "versions": -1}  # fill of padded positions (None: pad id)
 
 
@@ -156,6 +169,7 @@ class DemoBuffer:
         self.rng = random.Random(seed)
         self.owed = 0.0
         self.reuse = cfg.source == "file"
+        self.no_reference = 0  # all-wrong groups whose item had no reference answer
 
     def load_file(self, tokenizer: Any, path: str) -> None:
         for item in JsonlTaskSource(path, heldout_fraction=1.0).heldout():  # every row
@@ -172,13 +186,40 @@ class DemoBuffer:
             if HINT_KEY not in t.metadata:
                 rate = self.rates.setdefault(key, [0, 0])
                 rate[0], rate[1] = rate[0] + int(won), rate[1] + 1
-            if won and not self.reuse:
+            if won and self.cfg.source == "successes":
                 mask = t.loss_mask.clone()
                 mask[n : n + int(t.metadata.get("hint_tokens", 0))] = True
-                self.demos[key] = (t.input_ids, mask)
-                self.demos.move_to_end(key)
-                while len(self.demos) > self.cfg.buffer_size:
-                    self.demos.popitem(last=False)
+                self.keep(key, t.input_ids, mask)
+
+    def keep(self, key: str, input_ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """``key``'s demonstration (the latest), the oldest prompt dropped past the size."""
+        self.demos[key] = (input_ids, mask)
+        self.demos.move_to_end(key)
+        while len(self.demos) > self.cfg.buffer_size:
+            self.demos.popitem(last=False)
+
+    def observe_dropped(self, groups: list[DroppedGroup], tokenizer: Any) -> None:
+        """The dropped groups' samples into the rates; with source=reference, an all-wrong
+        group's reference answer into the buffer (its prompt tokens, then the answer)."""
+        for g in groups:
+            self.observe(g.samples)
+            threshold = self.cfg.success_threshold
+            if self.cfg.source != "reference" or not g.samples:
+                continue
+            if any(float(t.reward) > threshold for t in g.samples):
+                continue
+            if not g.answer:
+                if not self.no_reference:
+                    log.warning("interleaved_sft: item %d has no reference answer", g.item_index)
+                self.no_reference += 1
+                continue
+            t = g.samples[0]
+            n = prompt_length(t)
+            text = self.cfg.solution_format.replace("{solution}", g.answer)  # other braces kept
+            completion = reference_ids(tokenizer, text)
+            ids = torch.cat([t.input_ids[:n], torch.tensor(completion, dtype=torch.long)])
+            mask = torch.arange(ids.shape[0]) >= n
+            self.keep(prompt_key(t.input_ids, n), ids, mask)
 
     def rate(self, key: str) -> float:
         wins, n = self.rates.get(key, (0, 0))
@@ -201,6 +242,7 @@ class DemoBuffer:
             "rates": {k: list(v) for k, v in self.rates.items()},
             "rng": self.rng.getstate(),
             "owed": self.owed,
+            "no_reference": self.no_reference,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,10 +251,13 @@ class DemoBuffer:
         self.rates = {k: list(v) for k, v in state["rates"].items()}
         self.rng.setstate(state["rng"])
         self.owed = state["owed"]
+        self.no_reference = state.get("no_reference", 0)
 
 
 class InterleavedSFT(Algorithm):
     """A policy-gradient algorithm with demonstrations mixed into its batches."""
+
+    wants_dropped = True  # the dropped groups count in the rates (and give references)
 
     def __init__(self, inner: Algorithm) -> None:
         super().__init__(inner.cfg, inner.run)
@@ -227,6 +272,7 @@ class InterleavedSFT(Algorithm):
         self.buffer = DemoBuffer(self.section, inner.run.seed)
         self._loss = InterleavedLoss(inner.loss_fn, self.section.weight)
         self.pad_id = 0
+        self.tokenizer: Any = None
 
     @property
     def loss_fn(self) -> InterleavedLoss:
@@ -239,9 +285,12 @@ class InterleavedSFT(Algorithm):
 
     def setup(self, trainer: Any, tokenizer: Any) -> None:
         self.inner.setup(trainer, tokenizer)
-        self.pad_id = pad_id(tokenizer)
+        self.pad_id, self.tokenizer = pad_id(tokenizer), tokenizer
         if self.section.source == "file":
             self.buffer.load_file(tokenizer, str(self.section.path))
+
+    def observe_dropped(self, groups: list[DroppedGroup]) -> None:
+        self.buffer.observe_dropped(groups, self.tokenizer)
 
     def prepare(self, groups: list, trainer: Any, timer: Timer) -> Batch:
         batch = self.inner.prepare(groups, trainer, timer)

@@ -13,6 +13,13 @@ from pydantic import Field, field_validator, model_validator
 from streamrl.config.base import Section
 
 
+def solution_format(value: str) -> str:
+    """A ``solution_format`` must place the solution."""
+    if "{solution}" not in value:
+        raise ValueError("solution_format must contain {solution}")
+    return value
+
+
 class HintsConfig(Section):
     """Hints for prompts whose groups come out all wrong (``selection.kind: hints``)."""
 
@@ -74,9 +81,7 @@ class HintsConfig(Section):
     @field_validator("solution_format")
     @classmethod
     def _solution_format(cls, value: str) -> str:
-        if "{solution}" not in value:
-            raise ValueError("solution_format must contain {solution}")
-        return value
+        return solution_format(value)
 
     @field_validator("hint_template")
     @classmethod
@@ -105,17 +110,31 @@ class InterleavedSFTConfig(Section):
     weight: float = Field(
         0.1, ge=0, description="Weight of the demonstrations' NLL against the RL loss."
     )
-    source: Literal["successes", "file"] = Field(
+    source: Literal["successes", "file", "reference"] = Field(
         "successes",
         description="successes: the policy's own verified successes (hinted ones included, "
         "hint tokens trained), kept in a small buffer, one per prompt; file: demonstrations "
-        "from `path` (JSONL rows with prompt or messages, and answer).",
+        "from `path` (JSONL rows with prompt or messages, and answer); reference: a prompt "
+        "whose group comes out all wrong (dropped by dynamic sampling) gets its item's "
+        "reference answer, rendered with solution_format, as its demonstration (ReLIFT).",
     )
     path: str | None = Field(None, description="source=file: the demonstrations' JSONL file.")
-    buffer_size: int = Field(64, ge=1, description="source=successes: prompts kept.")
+    solution_format: str = Field(
+        "{solution}",
+        description="source=reference: the demonstration's completion, e.g. "
+        "'<answer>{solution}</answer>' ({solution}: the item's reference answer).",
+    )
+    buffer_size: int = Field(
+        64, ge=1, description="source=successes or reference: prompts kept (the oldest dropped)."
+    )
     success_threshold: float = Field(
         0.5, description="A sample is a success when its reward is above this."
     )
+
+    @field_validator("solution_format")
+    @classmethod
+    def _solution_format(cls, value: str) -> str:
+        return solution_format(value)
 
     @model_validator(mode="after")
     def _path(self) -> InterleavedSFTConfig:

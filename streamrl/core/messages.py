@@ -103,6 +103,20 @@ class GroupRejected:
     episode_metrics: dict[str, float] = field(default_factory=dict)
     rewards: tuple[float, ...] = ()  # each sample's reward when scored
     feedback: Any = None
+    # a group the algorithm dropped (``finish_group``), its scored samples, when the
+    # algorithm learns from dropped groups (``Algorithm.wants_dropped``)
+    samples: tuple[Trajectory, ...] = ()
+
+
+@dataclass
+class DroppedGroup:
+    """The scored samples of an item whose group the algorithm dropped (all wrong or all
+    right under dynamic sampling), with the item's reference answer (None: it has none),
+    for an algorithm that learns from them (``Algorithm.observe_dropped``)."""
+
+    item_index: int
+    samples: list[Trajectory]
+    answer: str | None
 
 
 @dataclass(frozen=True)

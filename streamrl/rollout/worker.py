@@ -245,5 +245,8 @@ async def _rollout(
     reward_sum, n = sum(rewards), len(samples)
     kept = algorithm.finish_group(samples, extras)
     if isinstance(kept, Filtered):
-        return GroupRejected(index, "filtered", kept.reason, "", reward_sum, n, metrics, rewards)
+        kept_samples = tuple(samples) if algorithm.wants_dropped else ()
+        return GroupRejected(
+            index, "filtered", kept.reason, "", reward_sum, n, metrics, rewards, None, kept_samples
+        )
     return GroupDone(index, tuple(kept), reward_sum, n, metrics, rewards)

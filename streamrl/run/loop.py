@@ -62,6 +62,7 @@ class RLLoop:
             with timer("wait_batch"):
                 groups = self.next_batch(step)
                 self.hooks.before_update(step)
+            self.algo.observe_dropped(self.pool.take_dropped())
             batch = self.algo.prepare(groups, self.trainer, timer)
             with timer("update"):
                 metrics = self.trainer.train_batch(batch, self.algo.loss_fn, **self.update)

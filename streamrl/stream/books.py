@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from streamrl.algorithms.base import EQUAL_REWARDS
-from streamrl.core.messages import GroupDone, GroupRejected
+from streamrl.core.messages import DroppedGroup, GroupDone, GroupRejected
 from streamrl.rollout.selection.base import GroupSampler
 
 START_TIMEOUT_S = 180.0  # silence allowed before a (re)started worker's first report
@@ -55,6 +55,30 @@ class PoolBooks:
         self._equal_groups, self._equal_reward = 0, 0.0  # dropped for equal rewards, the run's
         self._episode_metrics: Counter[str] = Counter()  # summed episode metrics
         self.sampler = GroupSampler()  # which items are issued (the rollout pool sets it)
+        self._dropped_groups: list[DroppedGroup] = []  # for the algorithm (``take_dropped``)
+        self._dropped_lock = threading.Lock()
+
+    def note_dropped_group(self, msg: GroupRejected, answer: str | None) -> None:
+        """Keep a dropped group's samples (when the worker sent them) for the algorithm."""
+        if msg.samples:
+            with self._dropped_lock:
+                self._dropped_groups.append(DroppedGroup(msg.item_index, list(msg.samples), answer))
+
+    def take_dropped(self) -> list[DroppedGroup]:
+        """The dropped groups kept since the last call, by item index (so their order
+        does not depend on which finished first)."""
+        with self._dropped_lock:
+            out, self._dropped_groups = self._dropped_groups, []
+        return sorted(out, key=lambda g: g.item_index)
+
+    def dropped_state(self) -> list[DroppedGroup]:
+        """The dropped groups not yet taken (a checkpoint keeps them)."""
+        with self._dropped_lock:
+            return list(self._dropped_groups)
+
+    def restore_dropped(self, groups: list[DroppedGroup]) -> None:
+        with self._dropped_lock:
+            self._dropped_groups = list(groups)
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

@@ -154,6 +154,7 @@ class RolloutPool(PoolBooks):
             self._items = {i: it for i, it in self._items.items() if i in keep}
             state["items"] = [copy.deepcopy(self._items[i]) for i in sorted(keep)]
             state.update(drawn=self.drawn, restarts=self.restarts, reissued=self.reissued)
+            state["dropped"] = self.dropped_state()
             sampled = self.sampler.state_dict(keep)
             if sampled is not None:
                 state["selection"] = sampled
@@ -166,6 +167,7 @@ class RolloutPool(PoolBooks):
         self._orphans = sorted(state["items"], key=lambda it: it.index)
         self._items = {it.index: it for it in self._orphans}
         self.resumed_items += len(self._orphans)
+        self.restore_dropped(state.get("dropped", []))
         self.drawn, self.restarts, self.reissued = (
             state["drawn"],
             state["restarts"],
@@ -282,6 +284,7 @@ class RolloutPool(PoolBooks):
                     what = (msg.item_index, msg.outcome, msg.reason, msg.detail)
                     self.log.log(level, "item %d %s (%s): %s", *what)
                 self._items.pop(msg.item_index, None)
+                self.note_dropped_group(msg, item.answer)
                 self.stream.reject(msg.item_index, msg.outcome, msg.reason)
             else:
                 raise TypeError(f"unknown report {msg!r} from rollout worker {w}")

@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from streamrl.config import EndpointConfig, RuntimeConfig
+from streamrl.core.messages import DroppedGroup
 from streamrl.rollout.selection import GroupSampler, build_sampler
 from streamrl.rollout.spec import RolloutSpec
 from streamrl.sources.base import TaskSource
@@ -89,6 +90,10 @@ class Pool(Protocol):
 
     def restore(self, state: dict) -> None:
         """Continue from :meth:`checkpoint`'s state (before :meth:`start`)."""
+
+    def take_dropped(self) -> list[DroppedGroup]:
+        """The groups the algorithm dropped since the last call, by item index, where it
+        asked for them (``Algorithm.wants_dropped``)."""
 
     # ---- metrics
     def pop_rollout_stats(self) -> dict[str, float]:

@@ -231,16 +231,20 @@ def test_eta0_kill_and_resume_leaves_bit_identical_weights(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source", ["successes", "reference"])
 def test_eta0_kill_and_resume_with_hints_and_interleaved_sft_leaves_bit_identical_weights(
-    tmp_path: Path,
+    tmp_path: Path, source: str
 ) -> None:
     """The hint schedule (pending outcomes, revisit queue, hint lengths) and the
-    demonstration buffer (its prompts, rates, remainder and random generator) survive a
-    SIGKILL: the resumed run hints, revisits and mixes in what the uninterrupted run did."""
+    demonstration buffer (its prompts, rates, remainder and random generator; with
+    source=reference the dropped groups not yet handed to the algorithm, in the pool's
+    checkpoint) survive a SIGKILL: the resumed run hints, revisits and mixes in what the
+    uninterrupted run did."""
     args = (
         "stream.max_staleness=0",
         "selection.kind=hints",
         "algorithm.interleaved_sft.share=0.25",
+        f"algorithm.interleaved_sft.source={source}",
     )
     _full_and_killed(tmp_path, args, "hints")
     a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.algorithms.interleaved_sft import InterleavedSFT, append_rows, rl_rows
+from streamrl.algorithms.interleaved_sft import InterleavedSFT, append_rows, prompt_key, rl_rows
 from streamrl.algorithms.losses import RLLoss
 from streamrl.config import load_config
+from streamrl.core.messages import DroppedGroup
 from streamrl.core.timing import StageTimer
 from streamrl.core.types import HINT_KEY, Batch, Trajectory
 from streamrl.engines.train.engine import slice_batch
@@ -188,3 +189,87 @@ def test_demonstrations_from_a_file(tmp_path: Path, monkeypatch) -> None:
     assert sorted(texts) == ["0+1=1", "1+1=2", "2+1=3"]
     again = algo.prepare(_groups(1, {1: 0, 2: 0, 3: 0}), None, StageTimer())
     assert int(again.demonstration.sum()) == 3  # reused
+
+
+def _dropped(index: int, prompt: list[int], wins: int, answer: str | None) -> DroppedGroup:
+    answers = [_traj(prompt, [50 + k], float(k < wins)) for k in range(4)]
+    return DroppedGroup(index, answers, answer)
+
+
+def _char_ids(monkeypatch) -> None:
+    """Reference answers tokenized as their characters' codes, then EOS (1)."""
+    monkeypatch.setattr(
+        "streamrl.algorithms.interleaved_sft.reference_ids",
+        lambda tok, text: [ord(c) for c in text] + [1],
+    )
+
+
+def test_an_all_wrong_group_gives_its_reference_answer_as_a_demonstration(monkeypatch) -> None:
+    _char_ids(monkeypatch)
+    algo = _algo(
+        "algorithm.interleaved_sft.source=reference",
+        'algorithm.interleaved_sft.solution_format="{<{solution}>}"',  # braces kept
+        "algorithm.interleaved_sft.share=0.5",
+    )
+    assert algo.wants_dropped
+    # a hinted sample (prefix mode): the forced hint tokens are not part of the prompt
+    hinted = _traj([7, 7, 60], [61], 0.0, hint_tokens=1, **{HINT_KEY: {"tokens": 1}})
+    algo.observe_dropped(
+        [
+            _dropped(3, [5, 5], 0, "12"),  # all wrong: a demonstration
+            _dropped(4, [6, 6], 4, "9"),  # all right: none
+            _dropped(5, [8, 8], 0, None),  # all wrong, no reference: counted
+            DroppedGroup(6, [hinted, hinted], "x"),
+        ]
+    )
+    assert algo.buffer.no_reference == 1 and len(algo.buffer.demos) == 2
+    batch = algo.prepare(_groups(0, {1: 1}), None, StageTimer())
+    assert int(batch.demonstration.sum()) == 2 and not batch.demonstration[:4].any()
+    got = {}
+    for ids, mask in zip(batch.input_ids[4:], batch.loss_mask[4:], strict=True):
+        n = int((ids != 0).sum())  # right-padded with 0; the tokens here are never 0
+        got[tuple(ids[:n].tolist())] = mask[:n].tolist()
+    assert got == {
+        (5, 5, *(ord(c) for c in "{<12>}"), 1): [False] * 2 + [True] * 7,
+        (7, 7, *(ord(c) for c in "{<x>}"), 1): [False] * 2 + [True] * 6,
+    }
+    # each used once: the next batch has no demonstrations left
+    again = algo.prepare(_groups(1, {1: 1}), None, StageTimer())
+    assert again.demonstration is None or not bool(again.demonstration.any())
+
+
+@pytest.mark.parametrize("source", ["successes", "reference"])
+def test_the_rates_count_the_dropped_groups(source: str, monkeypatch) -> None:
+    """Prompt 2 wins 2 of 4 in its consumed group but its three dropped groups were all
+    wrong (2/16): it ranks before prompt 1 (1/4); prompt 3's dropped all-right groups
+    (3/4 consumed, 8/8 dropped) rank it after prompt 1."""
+    _char_ids(monkeypatch)
+    algo = _algo(
+        f"algorithm.interleaved_sft.source={source}",
+        "algorithm.dynamic_sampling=false",
+        "algorithm.interleaved_sft.share=0.5",
+    )
+    algo.prepare(_groups(0, {1: 1, 2: 2, 3: 3}), None, StageTimer())
+    if source == "reference":  # references for the three prompts, whatever their rate
+        for p in (1, 2, 3):
+            algo.buffer.keep(prompt_key(torch.tensor([p, p]), 2), *_demo_row(p))
+    wrong = [_dropped(10 + k, [2, 2], 0, "a") for k in range(3)]
+    right = [_dropped(20 + k, [3, 3], 4, "b") for k in range(2)]
+    algo.observe_dropped(wrong + right)
+    assert algo.buffer.rates[prompt_key(torch.tensor([2, 2]), 2)] == [2, 16]
+    assert algo.buffer.rates[prompt_key(torch.tensor([3, 3]), 2)] == [11, 12]
+    batch = algo.prepare(_groups(1, {9: 2}), None, StageTimer())
+    firsts = [int(r[0]) for r in batch.input_ids[batch.demonstration]]
+    assert firsts[:3] == [2, 1, 3]
+
+
+def _demo_row(p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([p, p, 70, 1]), torch.tensor([False, False, True, True])
+
+
+def test_solution_format_must_place_the_solution() -> None:
+    for bad in ("<{answer}>", "no placeholder", "<answer></answer>"):
+        with pytest.raises(ValueError, match="solution_format must contain") as err:
+            load_config(None, [f"algorithm.interleaved_sft.solution_format={bad}"])
+        assert "algorithm.interleaved_sft.solution_format" in str(err.value)
+        assert "\n" not in str(err.value)

@@ -58,6 +58,9 @@ class FakePool:
     def publish(self, state_dict: dict, version: int) -> None:
         self._note("publish", version)
 
+    def take_dropped(self) -> list:
+        return []
+
     def checkpoint(self) -> tuple[dict, list]:
         self._note("checkpoint")
         return {"trainer_version": 0}, []
@@ -116,6 +119,9 @@ class FakeAlgo:
 
     def __init__(self, log: list) -> None:
         self.log = log
+
+    def observe_dropped(self, groups: list) -> None:
+        pass
 
     def prepare(self, groups: list, trainer: Any, timer: Any) -> str:
         self.log.append(("prepare",))

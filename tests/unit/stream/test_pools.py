@@ -129,3 +129,29 @@ def test_the_endpoint_pool_speaks_the_same_words(tmp_path: Path) -> None:
     assert done.wait(10)
     waiter.join()
     stream.close()
+
+
+def test_dropped_groups_come_back_by_item_index_with_their_answer_once() -> None:
+    """A filtered group whose worker sent its samples (the algorithm wants dropped groups)
+    is kept with its item's reference answer, handed back sorted by item index whatever
+    the order they finished in, once; one sent without samples is not kept."""
+    from streamrl.core.messages import GroupRejected
+    from streamrl.stream.books import PoolBooks
+
+    books = PoolBooks()
+    sample = object()
+    for index, answer in ((7, "3"), (2, None), (5, "x")):
+        books.note_dropped_group(
+            GroupRejected(index, "filtered", "zero_reward_std", samples=(sample,)), answer
+        )
+    books.note_dropped_group(GroupRejected(9, "filtered", "zero_reward_std"), "4")
+    assert [g.item_index for g in books.dropped_state()] == [7, 2, 5]  # the checkpoint's
+    taken = books.take_dropped()
+    assert [(g.item_index, g.answer, g.samples) for g in taken] == [
+        (2, None, [sample]),
+        (5, "x", [sample]),
+        (7, "3", [sample]),
+    ]
+    assert books.take_dropped() == []
+    books.restore_dropped(taken[:1])
+    assert [g.item_index for g in books.take_dropped()] == [2]
