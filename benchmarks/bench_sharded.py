@@ -49,12 +49,16 @@ def _bare_all_gather(rank: int, numel: int, repeats: int) -> list[float]:
 
 
 def _ranks(
-    rank: int, name: str, sequences: int, completion: int, repeats: int, keep_gathered: bool
+    rank: int, name: str, sequences: int, completion: int, repeats: int, micro: int, kept: bool
 ):
     model, tokenizer = load_model_and_tokenizer(name)
     batch = make_batch(tokenizer, sequences, completion)
     engine = ShardedTrainEngine(
-        model, lr=5e-6, micro_batch_sequences=8, reshard_after_forward=not keep_gathered
+        model,
+        lr=5e-6,
+        micro_batch_sequences=micro,
+        reshard_after_forward=not kept,
+        accumulate_unsharded=kept,
     )
     del model
     if rank:
@@ -70,11 +74,11 @@ def _ranks(
     return {"update": update, "publish": publish, "memory": metrics, "numel": numel}
 
 
-def _plain(name: str, sequences: int, completion: int, repeats: int, threads: int):
+def _plain(name: str, sequences: int, completion: int, repeats: int, micro: int, threads: int):
     torch.set_num_threads(threads)
     model, tokenizer = load_model_and_tokenizer(name)
     batch = make_batch(tokenizer, sequences, completion)
-    engine = TrainEngine(copy.deepcopy(model), lr=5e-6, micro_batch_sequences=8)
+    engine = TrainEngine(copy.deepcopy(model), lr=5e-6, micro_batch_sequences=micro)
     loss_fn = make_rl_loss_fn("ppo_clip")
     engine.train_batch(batch, loss_fn)
     update = _timed(lambda: engine.train_batch(batch, loss_fn), repeats)
@@ -93,12 +97,14 @@ def main() -> None:
     ap.add_argument(
         "--keep-gathered",
         action="store_true",
-        help="also N=2 with each layer kept gathered from forward to backward",
+        help="also N=2 with the parameters kept gathered from a minibatch's first forward "
+        "to its last backward (reshard_after_forward=False, accumulate_unsharded)",
     )
+    ap.add_argument("--micro-batch", type=int, default=8, help="micro_batch_sequences")
     args = ap.parse_args()
     rows = []
     for name in args.models:
-        shape = (args.sequences, args.completion, args.repeats)
+        shape = (args.sequences, args.completion, args.repeats, args.micro_batch)
         variants = [(1, False), (2, False)] + [(2, True)] * args.keep_gathered
         results = {v: run_ranks(_ranks, v[0], name, *shape, v[1])[0] for v in variants}
         gather = run_ranks(_bare_all_gather, 2, results[1, False]["numel"], args.repeats)[0]
@@ -108,7 +114,7 @@ def main() -> None:
             for k in ("param_bytes", "grad_bytes", "optim_bytes")
         )
         for (n, kept), res in results.items():
-            label = f"sharded N={n}" + (", layers kept gathered" if kept else "")
+            label = f"sharded N={n}" + (", kept gathered through the minibatch" if kept else "")
             mem = res["memory"]
             for r in range(n):
                 state = sum(

@@ -248,11 +248,14 @@ class ShardedTrainEngine(TrainEngine):
 
     def _gradient_sync(self, last: bool) -> None:
         """Reduce-scatter this micro-batch's gradients: always, or only at the last one
-        of the minibatch with ``accumulate_unsharded``."""
+        of the minibatch with ``accumulate_unsharded``, which also keeps the parameters
+        gathered between its micro-batches (one all-gather a minibatch with
+        ``reshard_after_forward=False``)."""
         if self.accumulate_unsharded:
             for model in (self.model, self.value_head):
                 if model is not None:
                     model.set_requires_gradient_sync(last)
+                    model.set_reshard_after_backward(last)
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)

@@ -36,6 +36,8 @@ CASES = [
     ("token_mean", 1, 9, {}),
     ("seq_mean_token_sum_norm", 2, 1, {"accumulate_unsharded": True}),
     ("token_mean", 2, 2, {"reshard_after_forward": False}),
+    # kept gathered through a minibatch: one all-gather, one reduce-scatter
+    ("seq_mean_token_mean", 1, 2, {"reshard_after_forward": False, "accumulate_unsharded": True}),
 ]
 
 
