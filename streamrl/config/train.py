@@ -41,10 +41,12 @@ class TrainConfig(Section):
     reshard_after_forward: bool = Field(
         True,
         description="train.world_size > 1: release each decoder layer's gathered parameters "
-        "after its forward (FSDP2's ZeRO-3 default). false keeps them gathered until its "
-        "backward: one all-gather a micro-batch instead of two (SmolLM2 on 2 gloo ranks: "
-        "2.2x the update rate), for the full parameters held during each forward and "
-        "backward; the training state after a step is 1/N either way (docs/distributed.md).",
+        "after its forward (FSDP2's ZeRO-3 default). false keeps them gathered from a "
+        "minibatch's first forward to its last backward and accumulates its gradients "
+        "unsharded: one all-gather and one reduce-scatter a minibatch instead of two "
+        "all-gathers and a reduce-scatter a micro-batch (SmolLM2, 2 gloo ranks, 64 sequences: "
+        "1.57x the update rate), for the full parameters and gradients held during the "
+        "minibatch; the training state after a step is 1/N either way (docs/distributed.md).",
     )
     lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate for RL.")
     lr_schedule: LRSchedule = Field(

@@ -99,6 +99,7 @@ def make_trainer(cfg: Config, model: torch.nn.Module, lead: Lead | None = None) 
         kwargs["compile_layers"] = True
     if lead is not None:
         kwargs["reshard_after_forward"] = cfg.train.reshard_after_forward
+        kwargs["accumulate_unsharded"] = not cfg.train.reshard_after_forward
         return lead.build(build_sharded_trainer, cfg.model, cfg.seed, kwargs, here={"model": model})
     if cfg.model.lora_rank > 0:
         return TrainEngine.from_lora(

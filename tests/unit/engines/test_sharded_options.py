@@ -23,3 +23,4 @@ def test_train_reshard_after_forward_reaches_the_sharded_engine(value: bool) -> 
     lead = _Lead()
     assert make_trainer(cfg, tiny_model(), lead) == "trainer"
     assert lead.kwargs["reshard_after_forward"] is value
+    assert lead.kwargs["accumulate_unsharded"] is not value  # gathered through the minibatch
