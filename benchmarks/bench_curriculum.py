@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -125,6 +126,8 @@ def run_one(task: str, seed: int, arm: str, args: argparse.Namespace) -> dict:
     stderr = err.decode(errors="replace")
     if stopped or proc.returncode != 0:
         summary.update(unfinished(run_dir, stderr, stopped))
+    # 18 runs' SmolLM2 checkpoints (weights and AdamW state) once filled the disk
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return summary
 
 
