@@ -33,13 +33,15 @@ def run_ranked(
 
     resume = run_dir is not None
     with contextlib.ExitStack() as held:
+        if run_dir is not None:
+            held.enter_context(run_lock(run_dir))
+            done = completed_summary(run_dir)
+            if done is not None:  # nothing to do: no rank group
+                return RunResult(run_dir, done, None, already_completed=True)
+        preflight(cfg, output_dir=not resume)  # here, before the ranks start
         if run_dir is None:  # named here, so a restart finds it
-            preflight(cfg, output_dir=True)
             run_dir = make_run_dir(cfg.run.output_dir, cfg.run.name or default_run_name(cfg.seed))
-        held.enter_context(run_lock(run_dir))
-        done = completed_summary(run_dir) if resume else None
-        if done is not None:  # nothing to do: no rank group
-            return RunResult(run_dir, done, None, already_completed=True)
+            held.enter_context(run_lock(run_dir))
         restarts: list[str] = []
         out_dir, summary = supervise(
             rank_zero,

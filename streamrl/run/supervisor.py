@@ -32,6 +32,7 @@ from streamrl.run.signals import GracefulStop
 from streamrl.run.tracking import note
 
 POLL_S = 0.2
+START_TIMEOUT_S = 180.0  # for the child to start (import torch and the run's modules)
 EXIT_GRACE_S = 30.0  # for a child that has sent its result to exit
 FOLLOWER_GRACE_S = 3.0  # for a lost child's followers to notice and exit by themselves
 
@@ -123,41 +124,62 @@ class _Watch:
 
         self.proc, self.conn = proc, conn
         self.asked = self.answered = 0
-        self.pings = Pings(self._ping, self._unanswered, timeout_s)
+        self.start_pings = lambda: Pings(self._ping, self._unanswered, timeout_s)
+        self.pings: Pings | None = None  # from the child's first word on (it imports first)
+        self.started = time.monotonic()
 
     def _ping(self) -> list[int]:
         self.asked += 1
-        self.conn.send(("ping", self.asked))
+        self._send(("ping", self.asked))
         return [self.asked]
 
     def _unanswered(self, handles: list[int]) -> list[int]:
         return [0] if self.answered < handles[0] else []
 
+    def _send(self, message: tuple) -> None:
+        with contextlib.suppress(OSError):  # a dead child: its end of the pipe says so next
+            self.conn.send(message)
+
     def until_done(self, stop: GracefulStop, progress: Callable[..., None] | None) -> Any:
+        """The child's result, or its exception raised, or :class:`ChildLost`."""
         forwarded = False
         while True:
             if self.conn.poll(POLL_S):
-                try:
-                    kind, value = self.conn.recv()
-                except (EOFError, OSError):
-                    raise ChildLost(self._death()) from None
-                if kind == "result":
+                done, value = self._take(progress)
+                if done:
                     return value
-                if kind == "error":
-                    raise value
-                if kind == "pong":
-                    self.answered = value
-                elif kind == "progress" and progress is not None:
-                    progress(*value)
-                continue
-            if not self.proc.is_alive() and not self.conn.poll(0):
+            elif not self.proc.is_alive() and not self.conn.poll(0):
                 raise ChildLost(self._death())
             self._check_pings()
             if stop.requested and not forwarded:
-                self.conn.send(("stop", stop.signum))
+                self._send(("stop", stop.signum))
                 forwarded = True
 
+    def _take(self, progress: Callable[..., None] | None) -> tuple[bool, Any]:
+        """Read one message: (True, the result), or raise the child's exception."""
+        try:
+            kind, value = self.conn.recv()
+        except (EOFError, OSError):
+            raise ChildLost(self._death()) from None
+        if kind == "result":
+            return True, value
+        if kind == "error":
+            raise value
+        if kind == "ready":
+            self.pings = self.start_pings()
+        elif kind == "pong":
+            self.answered = value
+        elif kind == "progress" and progress is not None:
+            progress(*value)
+        return False, None
+
     def _check_pings(self) -> None:
+        if self.pings is None:
+            if time.monotonic() - self.started > START_TIMEOUT_S:
+                raise ChildLost(
+                    f"rank 0 (pid {self.proc.pid}) did not start in {START_TIMEOUT_S:.0f}s"
+                )
+            return
         try:
             self.pings.check()
         except RuntimeError as e:
@@ -214,6 +236,7 @@ def _child(conn: Any, target: Callable[..., Any], args: tuple, parent: int, forw
             conn.send(message)
 
     threading.Thread(target=_listen, args=(conn, send, stop), daemon=True).start()
+    send(("ready", None))
     progress = (lambda *update: send(("progress", update))) if forward else None
     try:
         value = target(*args, stop=stop, progress=progress)
