@@ -147,3 +147,28 @@ def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_weights(
     assert summary["train/group_restarts"] == 0  # a resume, not a group restart
     a, b = _weights(uninterrupted), _weights(run_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.soak  # the stop's forwarding is a unit test (tests/unit/run/test_supervisor.py)
+def test_ctrl_c_to_the_process_group_stops_a_two_rank_run_once(tmp_path: Path) -> None:
+    """A Ctrl-C reaches the supervisor, rank 0 and rank 1: the run stops once, gracefully
+    (a checkpoint, exit code 130, no rank left), and a resume completes it."""
+    proc = _train(*_args(tmp_path, "run", *GROUP))
+    run_dir = tmp_path / "run"
+    _rank_after_checkpoint(proc, run_dir, 2)
+    ranks = _pids(run_dir).values()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert err.count("SIGINT received") == 1 and "Traceback" not in err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert not [p for p in ranks if _alive(int(p))]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli.main", "train", "--resume", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    _check_books(run_dir, STEPS, 4, eta=0)
