@@ -101,7 +101,18 @@ def main() -> None:
         "to its last backward (reshard_after_forward=False, accumulate_unsharded)",
     )
     ap.add_argument("--micro-batch", type=int, default=8, help="micro_batch_sequences")
+    ap.add_argument(
+        "--ratio-rounds",
+        type=int,
+        default=0,
+        help="instead of the table: this many alternating rounds of N=2 x 1 thread (with "
+        "--keep-gathered: kept gathered) and the unsharded trainer on 2 threads, each "
+        "round's samples/s ratio",
+    )
     args = ap.parse_args()
+    if args.ratio_rounds:
+        _ratio_rounds(args)
+        return
     rows = []
     for name in args.models:
         shape = (args.sequences, args.completion, args.repeats, args.micro_batch)
@@ -146,6 +157,29 @@ def main() -> None:
         "samples/s | publish ms | bare all-gather ms |\n|---|---|---|---|---|---|---|---|"
     )
     print("\n".join(rows))
+
+
+def _ratio_rounds(args: argparse.Namespace) -> None:
+    """Alternate the two trainers ``--ratio-rounds`` times (drift in the machine's speed
+    reaches both alike) and print each round's ratio and their mean and range."""
+    for name in args.models:
+        shape = (args.sequences, args.completion, args.repeats, args.micro_batch)
+        ratios = []
+        for i in range(args.ratio_rounds):
+            sharded = run_ranks(_ranks, 2, name, *shape, args.keep_gathered)[0]["update"]
+            plain = _plain(name, *shape, threads=2)[0]
+            ratios.append(statistics.median(plain) / statistics.median(sharded))
+            print(
+                f"{name} round {i + 1}: N=2 x 1 thread {args.sequences / statistics.median(sharded):.2f}"
+                f" samples/s, unsharded 2 threads {args.sequences / statistics.median(plain):.2f}:"
+                f" {ratios[-1]:.3f}x",
+                flush=True,
+            )
+        print(
+            f"{name}, {args.sequences} sequences, kept gathered={args.keep_gathered}: "
+            f"mean {statistics.mean(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x "
+            f"over {len(ratios)} rounds"
+        )
 
 
 if __name__ == "__main__":

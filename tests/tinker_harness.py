@@ -24,14 +24,23 @@ def tinker_server(state_dir: Path, **cfg) -> Iterator[TinkerServer]:
     config = TinkerConfig(models=["tiny-small"], state_dir=str(state_dir), **cfg)
     server = TinkerServer(config)
     server.start()
+    _clients[id(server)] = []
     try:
         yield server
     finally:
+        for service in _clients.pop(id(server)):  # their session heartbeats end here,
+            service.close("success").result()  # not against a stopped server later
         server.stop()
 
 
+#: the clients made for each running server, closed before it stops
+_clients: dict[int, list[tinker.ServiceClient]] = {}
+
+
 def client(server: TinkerServer, api_key: str | None = None) -> tinker.ServiceClient:
-    return tinker.ServiceClient(base_url=server.base_url, api_key=api_key or server.token)
+    service = tinker.ServiceClient(base_url=server.base_url, api_key=api_key or server.token)
+    _clients.setdefault(id(server), []).append(service)
+    return service
 
 
 def base_name(server: TinkerServer) -> str:

@@ -32,6 +32,7 @@ def test_serve_api_tinker_with_its_defaults(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    service = None
     try:
         seen = []
         for line in proc.stdout:  # until it says where it listens (or exits)
@@ -55,6 +56,8 @@ def test_serve_api_tinker_with_its_defaults(tmp_path: Path) -> None:
         assert out.metrics and all(v == v for v in out.metrics.values())  # finite numbers
         training.optim_step(tinker.types.AdamParams(learning_rate=1e-3)).result()
     finally:
+        if service is not None:
+            service.close("success").result()  # its heartbeat must not outlive the server
         proc.send_signal(signal.SIGTERM)
         try:
             rc = proc.wait(timeout=30)

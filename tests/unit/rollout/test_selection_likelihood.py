@@ -222,7 +222,11 @@ def test_a_short_run_with_likelihood_selection_keeps_the_books(
     assert 0 < metrics[-1]["selection/scored"] <= summary["selection/scored"]
 
 
-@pytest.mark.slow  # two runs of 150 SFT steps each
+# two runs of 150 SFT steps each; the suite proves the same and more with
+# tests/integration/test_resume.py::test_eta0_kill_and_resume_with_the_likelihood_gate_decides_the_same
+# (an uninterrupted run and a killed-and-resumed one: equal ledgers, skipped > 0)
+@pytest.mark.slow
+@pytest.mark.soak
 def test_eta0_runs_with_the_real_gate_skip_the_same_items(tmp_path: Path, tiny_config) -> None:
     """The decision is a pure function of the weights and the item: two η = 0 runs skip
     exactly the same items (a resume too: tests/integration/test_resume.py)."""
