@@ -27,10 +27,11 @@ from streamrl.engines.train.group.rendezvous import join, leave
 from streamrl.run.group_run import run_ranked
 from streamrl.run.lock import run_lock
 from streamrl.run.progress import Progress as ConsoleProgress
-from streamrl.run.ranks import Ranks, TrainerFailed
+from streamrl.run.ranks import Ranks
 from streamrl.run.resume import completed_summary
 from streamrl.run.session import Progress, RunResult, run_training
 from streamrl.run.signals import GracefulStop, Interrupted
+from streamrl.run.supervisor import TrainerFailed
 from streamrl.run.tracking import default_run_name, make_run_dir
 from streamrl.stream.backends import plan_placement
 

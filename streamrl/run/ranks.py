@@ -16,6 +16,7 @@ Each restart is a line in ``run.log`` and on the console, and is counted in
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,6 @@ from streamrl.engines.train.group.spec import GroupSpec
 RESTARTS = "train/group_restarts"
 #: what torch.distributed's backends say when a peer is gone or a collective timed out
 _COLLECTIVE_FAILURES = ("gloo", "nccl", "timed out", "connection closed", "connection reset")
-
-
-class TrainerFailed(RuntimeError):
-    """The trainer failed more often than ``runtime.max_trainer_restarts`` allows."""
 
 
 @dataclass
@@ -72,8 +69,10 @@ def collective_failure(error: BaseException, failure: str | None) -> str | None:
 
 
 def write_rank_pids(run_dir: Path, group: LocalGroup) -> None:
-    """``ranks.pid``: one "rank pid" line per follower (for operators, and fault tests)."""
-    lines = [f"{rank} {pid}" for rank, pid in group.pids().items()]
+    """``ranks.pid``: one "rank pid" line per rank, rank 0 (this process) first (for
+    operators, fault tests, and the supervisor, which kills a lost rank 0's followers)."""
+    pids = {0: os.getpid(), **group.pids()}
+    lines = [f"{rank} {pid}" for rank, pid in pids.items()]
     write_text(run_dir / "ranks.pid", "\n".join(lines) + "\n")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,11 @@ from streamrl.core.atomic import write_text
 from streamrl.engines.train.group.rendezvous import free_port, join, leave
 from streamrl.engines.train.group.spec import GroupSpec, RankGroupFailed
 from streamrl.run.assembly import group_spec
-from streamrl.run.group_run import restart
+from streamrl.run.pings import Pings
 from streamrl.run.ranks import RESTARTS, collective_failure
 from streamrl.run.session import RunResult
 from streamrl.run.signals import GracefulStop, Interrupted
+from streamrl.run.supervisor import restart
 
 
 def node_address() -> tuple[str, str, int]:
@@ -144,7 +144,7 @@ def drive_group(
                     if isinstance(cause, Interrupted):
                         raise Interrupted(str(cause), stop.signum) from None
                     raise cause from None
-                restart(cfg, restarts, run_dir, why)
+                restart(cfg.runtime.max_trainer_restarts, restarts, run_dir, why)
                 resume = True
             finally:
                 group.close()
@@ -154,7 +154,7 @@ def _await(ray: Any, group: GroupActors, ref: Any, stop: GracefulStop) -> tuple[
     """Rank 0's result; any rank's failure raises at once (:class:`RankGroupFailed`, or
     Ray's error for a dead actor)."""
     waiting, forwarded = [ref, *group.serving], False
-    pings = Pings(ray, group.actors, group.spec.collective_timeout_s)
+    pings = ray_pings(ray, group.actors, group.spec.collective_timeout_s)
     while True:
         done, waiting = ray.wait(waiting, num_returns=1, timeout=0.5)
         for finished in done:
@@ -185,32 +185,15 @@ def _raised(error: Any) -> str:
     return f"{type(original).__name__}: {first.strip()[:300]}"
 
 
-class Pings:
-    """Every rank answers a ping (its actor's ``ready``) within ``timeout_s``, or it is
-    hung: a stopped rank 0 waiting for nothing fails no collective. A round of pings
-    goes out every ``timeout_s / 4`` (at most every 10 s) once the previous one is in."""
+def ray_pings(ray: Any, actors: list[Any], timeout_s: float) -> Pings:
+    """Ping each rank's actor (``ready``, answered while it runs another call) by the
+    rules of :class:`~streamrl.run.pings.Pings`."""
 
-    def __init__(self, ray: Any, actors: list[Any], timeout_s: float) -> None:
-        self.ray, self.actors, self.timeout_s = ray, actors, timeout_s
-        self.every_s = min(10.0, timeout_s / 4)
-        self.refs: list[Any] = []
-        self.sent = time.monotonic()
+    def pending(refs: list[Any]) -> list[int]:
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return [r for r, ref in enumerate(refs) if ref in waiting]
 
-    def check(self) -> None:
-        now = time.monotonic()
-        if not self.refs:
-            if now - self.sent >= self.every_s:
-                self.refs, self.sent = [a.ready.remote() for a in self.actors], now
-            return
-        _, pending = self.ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        if not pending:
-            self.refs = []
-        elif now - self.sent > self.timeout_s:
-            hung = [r for r, ref in enumerate(self.refs) if ref in pending]
-            raise RankGroupFailed(
-                f"rank(s) {hung} answered no ping for {self.timeout_s:.0f}s "
-                "(train.collective_timeout_s): hung"
-            )
+    return Pings(lambda: [a.ready.remote() for a in actors], pending, timeout_s)
 
 
 def _rank_errors(ray: Any) -> tuple[type[Exception], ...]:

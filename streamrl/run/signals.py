@@ -26,6 +26,9 @@ class Interrupted(Exception):
         super().__init__(message)
         self.exit_code = 128 + signum
 
+    def __reduce__(self) -> tuple:  # crosses a pipe with its signal (the local supervisor)
+        return (type(self), (str(self), self.exit_code - 128), self.__dict__)
+
 
 class GracefulStop:
     def __init__(self) -> None:

@@ -133,15 +133,12 @@ def test_a_policy_run_with_several_ranks_is_refused_in_one_line(model):
 
 
 def test_restarts_are_counted_and_bounded(tmp_path, capsys):
-    from streamrl.config import load_config
-    from streamrl.run.group_run import restart
-    from streamrl.run.ranks import TrainerFailed
+    from streamrl.run.supervisor import TrainerFailed, restart
 
-    cfg = load_config(None, ["runtime.max_trainer_restarts=2"])
     restarts: list[str] = []
-    restart(cfg, restarts, tmp_path, "rank 1 exited with -9")
-    restart(cfg, restarts, tmp_path, "RuntimeError: Timed out")
+    restart(2, restarts, tmp_path, "rank 1 exited with -9")
+    restart(2, restarts, tmp_path, "RuntimeError: Timed out")
     assert restarts == ["rank 1 exited with -9", "RuntimeError: Timed out"]
     assert "(2/2)" in capsys.readouterr().err
     with pytest.raises(TrainerFailed, match=r"failed 3 times .*last cause: rank 1 exited"):
-        restart(cfg, restarts, tmp_path, "rank 1 exited with 1")
+        restart(2, restarts, tmp_path, "rank 1 exited with 1")

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from streamrl.engines.train.group.spec import RankGroupFailed
-from streamrl.run import ray_group
-from streamrl.run.ray_group import Pings, _follower_ended
+from streamrl.run import pings as ping_rules
+from streamrl.run.ray_group import _follower_ended, ray_pings
 
 
 class Ref:
@@ -41,13 +41,13 @@ class FakeRay:
 @pytest.fixture
 def clock(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(ray_group.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(ping_rules.time, "monotonic", lambda: now[0])
     return now
 
 
 def test_a_rank_silent_for_the_timeout_is_hung(clock) -> None:
     ray = FakeRay()
-    pings = Pings(ray, [ray.actor(0), ray.actor(1)], timeout_s=20.0)  # a round every 5 s
+    pings = ray_pings(ray, [ray.actor(0), ray.actor(1)], timeout_s=20.0)  # a round every 5 s
     clock[0] = 104.0
     pings.check()
     assert ray.sent == []  # not yet due
@@ -73,7 +73,7 @@ def test_a_rank_silent_for_the_timeout_is_hung(clock) -> None:
 
 def test_a_late_answer_within_the_timeout_is_no_failure(clock) -> None:
     ray = FakeRay()
-    pings = Pings(ray, [ray.actor(0), ray.actor(1)], timeout_s=8.0)  # a round every 2 s
+    pings = ray_pings(ray, [ray.actor(0), ray.actor(1)], timeout_s=8.0)  # a round every 2 s
     ray.answering = set()
     clock[0] = 102.0
     pings.check()

@@ -12,7 +12,6 @@ import contextlib
 import os
 import queue
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -21,23 +20,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from streamrl.core.parent import exit_with_parent, ignore_stop_signals
 from streamrl.engines.train.group.rendezvous import free_port, join, leave
 from streamrl.engines.train.group.spec import GroupSpec, RankGroupFailed
 
 HOST = "127.0.0.1"
-PARENT_POLL_S = 0.5
 START_TIMEOUT_S = 180.0  # for a follower to start (import torch and the program)
-
-
-def _exit_with_parent(parent: int) -> None:
-    """A daemon thread: end this process when its parent is gone (SIGKILLed or exited)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def follower_main(
@@ -52,7 +40,8 @@ def follower_main(
     """A spawned follower: say it has started, join the group, run ``program(spec,
     *args)``, leave. Exits 1 (traceback on stderr) if the program raises, e.g. when rank 0
     is gone."""
-    _exit_with_parent(parent)
+    exit_with_parent(parent)
+    ignore_stop_signals()  # rank 0 stops the group; a Ctrl-C reaches every process
     torch.set_num_threads(spec.threads)
     started.put(rank)
     try:
