@@ -272,6 +272,7 @@ def portable(error: BaseException) -> BaseException:
             pickle.loads(pickle.dumps(candidate))
         except Exception:
             continue
-        candidate.add_note(f"raised in rank 0's process (pid {os.getpid()}):\n{where}")
+        note = f"raised in rank 0's process (pid {os.getpid()}):\n{where}"
+        candidate.__notes__ = [*getattr(candidate, "__notes__", []), note]  # add_note: 3.11+
         return candidate
     raise AssertionError("unreachable: BaseException(str) crosses a pipe")
