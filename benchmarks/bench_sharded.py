@@ -177,8 +177,8 @@ def _ratio_rounds(args: argparse.Namespace) -> None:
             )
         print(
             f"{name}, {args.sequences} sequences, kept gathered={args.keep_gathered}: "
-            f"mean {statistics.mean(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x "
-            f"over {len(ratios)} rounds"
+            f"median {statistics.median(ratios):.3f}x, mean {statistics.mean(ratios):.3f}x, "
+            f"range {min(ratios):.3f}-{max(ratios):.3f}x over {len(ratios)} rounds"
         )
 
 
