@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.integration.test_resume import _args, _check_books, _latest_step
+from tests.integration.test_resume import _args, _check_books, _latest_step, _resume
 from tests.paths import ROOT
 
 STEPS = 8
@@ -172,14 +172,7 @@ def test_a_killed_two_rank_run_resumes_to_the_uninterrupted_weights(
     follower = _rank_after_checkpoint(proc, run_dir, 2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    resumed = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli.main", "train", "--resume", str(run_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    _resume(run_dir)
     assert not Path(f"/proc/{follower}").exists()  # the killed run left no rank behind
     summary = _check_books(run_dir, STEPS, 4, eta=0)
     assert summary["train/group_restarts"] == 0  # a resume, not a group restart
@@ -201,12 +194,5 @@ def test_ctrl_c_to_the_process_group_stops_a_two_rank_run_once(tmp_path: Path) -
     assert err.count("SIGINT received") == 1 and "Traceback" not in err
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert not [p for p in ranks if _alive(int(p))]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli.main", "train", "--resume", str(run_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    _resume(run_dir)
     _check_books(run_dir, STEPS, 4, eta=0)
