@@ -24,21 +24,21 @@ CURRICULUM = (
     "selection.curriculum.stall_groups=0",  # (taking in outcomes between publishes: inexact)
     "selection.budgets.enabled=true",
     "selection.budgets.max_samples=6",
-    "train.steps=8",  # half the resume tests' run: the kill still lands after step 4
     "rollout.max_new_tokens=12",
 )
+STEPS = 8  # half the resume tests' run: the kill still lands after step 4
 
 
 def test_eta0_kill_and_resume_with_the_curriculum_is_exact(tmp_path: Path) -> None:
-    _full_and_killed(tmp_path, CURRICULUM, "curriculum")
+    _full_and_killed(tmp_path, CURRICULUM, "curriculum", STEPS)
     a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
     b = load_file(str(tmp_path / "killed" / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    summary = _check_books(tmp_path / "killed", 8, 4, eta=0)
+    summary = _check_books(tmp_path / "killed", STEPS, 4, eta=0)
     full = json.loads((tmp_path / "full" / "summary.json").read_text())
     keys = [k for k in full if k.startswith(("curriculum/", "budgets/", "stream/"))]
     assert {k: summary[k] for k in keys} == {k: full[k] for k in keys}
     assert full["curriculum/arithmetic/moves"] >= 1 and full["budgets/items"] > 0
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     levels = [r["curriculum/arithmetic/level"] for r in rows if "curriculum/arithmetic/level" in r]
-    assert len(levels) == 8 and levels[-1] == 1.0
+    assert len(levels) == STEPS and levels[-1] == 1.0

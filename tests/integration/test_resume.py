@@ -191,7 +191,9 @@ def _full_and_killed(
     tmp_path: Path, args: tuple[str, ...], kill_seed: str, steps: int = 16
 ) -> Path:
     """Runs ``args`` whole (``full``), and again killed at a random moment after step 4
-    and resumed (``killed``); returns ``tmp_path``."""
+    and resumed (``killed``), each ``steps`` RL steps (not in ``args``); returns
+    ``tmp_path``."""
+    assert not [a for a in args if a.startswith("train.steps=")], "give steps instead"
     args = (*args, f"train.steps={steps}")
     full = subprocess.run(
         [sys.executable, "-m", "streamrl.cli.main", "train", *_args(tmp_path, "full", *args)],
