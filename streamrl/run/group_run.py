@@ -7,7 +7,6 @@ is torn down and rank 0 starts again, continuing from the latest checkpoint
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from streamrl.config import Config
@@ -32,16 +31,15 @@ def run_ranked(
     from streamrl.run.ranks import RESTARTS
 
     resume = run_dir is not None
-    with contextlib.ExitStack() as held:
-        if run_dir is not None:
-            held.enter_context(run_lock(run_dir))
+    if run_dir is None:  # named here, so a restart finds it
+        preflight(cfg, output_dir=True)
+        run_dir = make_run_dir(cfg.run.output_dir, cfg.run.name or default_run_name(cfg.seed))
+    with run_lock(run_dir):
+        if resume:
             done = completed_summary(run_dir)
             if done is not None:  # nothing to do: no rank group
                 return RunResult(run_dir, done, None, already_completed=True)
-        preflight(cfg, output_dir=not resume)  # here, before the ranks start
-        if run_dir is None:  # named here, so a restart finds it
-            run_dir = make_run_dir(cfg.run.output_dir, cfg.run.name or default_run_name(cfg.seed))
-            held.enter_context(run_lock(run_dir))
+            preflight(cfg, output_dir=False)  # here, before the ranks start
         restarts: list[str] = []
         out_dir, summary = supervise(
             rank_zero,

@@ -25,11 +25,14 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrl.core.parent import exit_with_parent, ignore_stop_signals
 from streamrl.run.signals import GracefulStop
 from streamrl.run.tracking import note
+
+if TYPE_CHECKING:
+    from streamrl.run.pings import Pings
 
 POLL_S = 0.2
 START_TIMEOUT_S = 180.0  # for the child to start (import torch and the run's modules)
@@ -120,11 +123,8 @@ class _Watch:
     """The supervisor's side of the pipe: messages, pings, and the child's death."""
 
     def __init__(self, proc: Any, conn: Any, timeout_s: float) -> None:
-        from streamrl.run.pings import Pings  # here: the child does not import torch for it
-
-        self.proc, self.conn = proc, conn
+        self.proc, self.conn, self.timeout_s = proc, conn, timeout_s
         self.asked = self.answered = 0
-        self.start_pings = lambda: Pings(self._ping, self._unanswered, timeout_s)
         self.pings: Pings | None = None  # from the child's first word on (it imports first)
         self.started = time.monotonic()
 
@@ -166,7 +166,9 @@ class _Watch:
         if kind == "error":
             raise value
         if kind == "ready":
-            self.pings = self.start_pings()
+            from streamrl.run.pings import Pings  # here: the child does not import it
+
+            self.pings = Pings(self._ping, self._unanswered, self.timeout_s)
         elif kind == "pong":
             self.answered = value
         elif kind == "progress" and progress is not None:
