@@ -1,9 +1,10 @@
-"""The HTTP routes of the endpoint (FastAPI), all behind a bearer token.
+"""The HTTP routes of the endpoint (FastAPI), all behind a bearer token but one probe.
 
     GET  /v1/models                          the served model
     POST /v1/chat/completions                OpenAI chat completions (+ ``session_id``)
     POST /v1/sessions/{session_id}/reward    end a session: {"reward": r} or {"rewards": [...]}
-    GET  /v1/health                          liveness (also needs the token)
+    GET  /v1/health                          liveness and the served version (token)
+    GET  /health                             liveness without a token (the guard answers)
 
 Every request passes :class:`~streamrl.stream.endpoint.guard.RequestGuard` first: without
 ``Authorization: Bearer <token>`` it gets 401 and its body is never read; a body over

@@ -1,6 +1,9 @@
 """What every HTTP request passes before any route sees it (a plain ASGI middleware).
 
-In this order, each from the request's headers alone until the body is read:
+``GET /health`` alone is answered here without a token, with ``{"status": "ok"}`` and
+nothing else (a liveness probe: a load balancer's or an orchestrator's, which carries no
+secret; it tells no more than an open port does). Every other request, in this order,
+each from the request's headers alone until the body is read:
 
 1. exactly one ``Authorization: Bearer <token>`` header (or the header and scheme the
    application names: the Tinker service takes ``X-API-Key: <token>``), compared as
@@ -44,6 +47,9 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
+            return
+        if scope["method"] == "GET" and scope["path"] == "/health":
+            await respond(send, 200, {"status": "ok"})
             return
         headers = scope["headers"]
         auth = [v for k, v in headers if k == self.header]
@@ -100,7 +106,12 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 async def refuse(send: Any, status: int, message: str, kind: str = "invalid_request_error"):
     """An OpenAI-style error that closes the connection (its body is left unread)."""
-    payload = json.dumps({"error": {"message": message, "type": kind}}).encode()
+    await respond(send, status, {"error": {"message": message, "type": kind}})
+
+
+async def respond(send: Any, status: int, body: dict[str, Any]) -> None:
+    """``body`` as JSON, closing the connection (a request body is left unread)."""
+    payload = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",

@@ -40,6 +40,12 @@ def test_sessions_rewards_auth_logprobs_and_admission(tmp_path: Path) -> None:
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=base, api_key="wrong").models.list()
     assert httpx.get(f"{base}/models").status_code == 401  # no token at all
+    assert httpx.get(f"{base}/health").status_code == 401  # the versioned one needs it
+    root = base.removesuffix("/v1")
+    probe = httpx.get(f"{root}/health")  # liveness for probes that carry no secret
+    assert probe.status_code == 200 and probe.json() == {"status": "ok"}
+    assert httpx.post(f"{root}/health").status_code == 401  # GET /health alone
+    assert httpx.get(f"{root}/health/x").status_code == 401
     client = openai.OpenAI(base_url=base, api_key=token)
     assert [m.id for m in client.models.list()] == ["tiny-small"]
 
